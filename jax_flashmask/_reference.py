@@ -1,0 +1,33 @@
+"""Dense reference attention: materialises the Sq×Sk mask. For tests and small problems only."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .masks import dense_from_bounds
+
+
+def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32):
+    """(out ``[B, Sq, N, d]`` in q.dtype, lse float32 ``[B, Sq, N]``) with fully-masked rows 0 / -inf.
+
+    Differentiable with plain autodiff (no NaN for fully-masked rows).
+    """
+    b, sq, n, d = q.shape
+    kh = k.shape[2]
+    hm = bounds.shape[1]
+    masked = dense_from_bounds(bounds, sq)  # [B, Hm, Sq, Sk]
+    masked = jnp.repeat(masked, n // hm, axis=1)  # query head h uses mask head h // (N // Hm)
+    kx = jnp.repeat(k, n // kh, axis=2).astype(compute_dtype)
+    vx = jnp.repeat(v, n // kh, axis=2).astype(compute_dtype)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(compute_dtype), kx) * scale
+    s = jnp.where(masked, -jnp.inf, s)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(s - m)
+    denom = jnp.sum(e, axis=-1, keepdims=True)
+    alive = denom > 0
+    p = e / jnp.where(alive, denom, 1.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, vx)
+    lse = jnp.where(alive, m + jnp.log(jnp.where(alive, denom, 1.0)), -jnp.inf)[..., 0]
+    return out.astype(q.dtype), jnp.transpose(lse, (0, 2, 1)).astype(jnp.float32)

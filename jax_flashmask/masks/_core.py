@@ -1,0 +1,264 @@
+"""The FlashMask representation: column-wise row boundaries, their validation and canonical form.
+
+`startend_row_indices` is int32 ``[B, Hm, Sk, D]``: for every key column ``j`` it stores query-row
+boundaries (starts inclusive, ends exclusive). With ``delta = Sk - Sq`` (causal is aligned
+bottom-right), cell ``(i, j)`` is masked when
+
+=========== ================= ===============================================
+mode        vectors            masked when
+=========== ================= ===============================================
+causal D=1  LTS                ``i < j - delta`` or ``i >= LTS[j]``
+causal D=2  LTS, LTE           ``i < j - delta`` or ``LTS[j] <= i < LTE[j]``
+full   D=2  LTS, UTE           ``i >= LTS[j]`` or ``i < UTE[j]``
+full   D=4  LTS, LTE, UTS, UTE ``LTS[j] <= i < LTE[j]`` or ``UTS[j] <= i < UTE[j]``
+=========== ================= ===============================================
+
+Every mode is a special case of the D=4 form. `canonical_bounds` turns any of them into the
+``[B, Hm, 4, Sk]`` (LTS, LTE, UTS, UTE) array that the block metadata and every kernel consume, so
+the kernels have one code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "FlashMask",
+    "ALLOWED_D",
+    "validate",
+    "canonical_bounds",
+    "unmasked_bounds",
+    "dense_from_bounds",
+    "to_dense",
+    "from_segment_ids",
+    "from_window",
+]
+
+# (causal, D) pairs of SPEC §1 and the name of each vector they carry.
+ALLOWED_D = {
+    True: {1: ("LTS",), 2: ("LTS", "LTE")},
+    False: {2: ("LTS", "UTE"), 4: ("LTS", "LTE", "UTS", "UTE")},
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class FlashMask:
+    """A mask as data: the boundary vectors (a traced leaf) and `causal` (static).
+
+    `jax_flashmask.attention` accepts it in place of ``startend_row_indices``; a new mask every
+    step does not recompile as long as its shape stays the same.
+    """
+
+    startend_row_indices: jax.Array
+    causal: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @property
+    def shape(self):
+        return self.startend_row_indices.shape
+
+    def to_dense(self, q_len: int | None = None) -> jax.Array:
+        return to_dense(self.startend_row_indices, causal=self.causal, q_len=q_len)
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def validate(
+    startend_row_indices,
+    *,
+    causal: bool,
+    q_len: int,
+    kv_len: int | None = None,
+    batch: int | None = None,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    check_values: bool = True,
+) -> None:
+    """Raise ``ValueError`` when the indices do not describe a mask for this problem.
+
+    Shapes, dtype and the (causal, D) pair are always checked; values (in ``[0, q_len]``, and each
+    range's start no larger than its end) only when the array is concrete and `check_values`.
+    """
+    x = startend_row_indices
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(
+            f"startend_row_indices must be an int32 array of shape [B, Hm, Sk, D], got {type(x).__name__}"
+        )
+    if x.ndim != 4:
+        raise ValueError(
+            f"startend_row_indices must have rank 4 [B, Hm, Sk, D], got shape {tuple(x.shape)}"
+        )
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"startend_row_indices must be int32, got dtype {x.dtype}")
+    b, hm, sk, d = x.shape
+    if d not in ALLOWED_D[bool(causal)]:
+        allowed = ", ".join(
+            f"D={k} ({'/'.join(v)})" for k, v in ALLOWED_D[bool(causal)].items()
+        )
+        raise ValueError(
+            f"startend_row_indices has D={d}, which is not allowed with causal={bool(causal)}: "
+            f"use {allowed}" + (" or set causal=False" if causal else " or set causal=True")
+        )
+    if kv_len is not None and sk != kv_len:
+        raise ValueError(
+            f"startend_row_indices has Sk={sk} columns but the keys have length {kv_len}: "
+            "there must be one column of boundaries per key position"
+        )
+    if batch is not None and b not in (1, batch):
+        raise ValueError(
+            f"startend_row_indices has batch {b} but the query has batch {batch} "
+            "(use the same batch, or 1 to share one mask across the batch)"
+        )
+    if num_heads is not None:
+        allowed_h = sorted({1, num_kv_heads or 1, num_heads})
+        if hm not in allowed_h:
+            raise ValueError(
+                f"startend_row_indices has Hm={hm} mask heads; it must be one of {allowed_h} "
+                f"(1 = shared by all heads, {num_kv_heads} = per kv head, {num_heads} = per query head)"
+            )
+    if check_values and _is_concrete(x):
+        v = np.asarray(x)
+        if v.size and (v.min() < 0 or v.max() > q_len):
+            raise ValueError(
+                f"startend_row_indices values must lie in [0, Sq={q_len}] (row boundaries), "
+                f"got values in [{v.min()}, {v.max()}]"
+            )
+        names = ALLOWED_D[bool(causal)][d]
+        for lo, hi in (("LTS", "LTE"), ("UTS", "UTE")):
+            if lo in names and hi in names:
+                a, c = v[..., names.index(lo)], v[..., names.index(hi)]
+                if np.any(a > c):
+                    raise ValueError(
+                        f"startend_row_indices: {lo} must be <= {hi} in every column "
+                        f"(found {int(np.sum(a > c))} columns with {lo} > {hi})"
+                    )
+
+
+def canonical_bounds(startend_row_indices, *, causal: bool, q_len: int) -> jax.Array:
+    """The D=4 form as int32 ``[B, Hm, 4, Sk]`` holding (LTS, LTE, UTS, UTE).
+
+    Cell (i, j) is masked iff ``LTS[j] <= i < LTE[j]`` or ``UTS[j] <= i < UTE[j]``. With
+    ``startend_row_indices=None`` the result masks nothing (or only the causal upper triangle);
+    pass an array for that case through `unmasked_bounds`.
+    """
+    x = jnp.asarray(startend_row_indices).astype(jnp.int32)
+    b, hm, sk, d = x.shape
+    if d not in ALLOWED_D[bool(causal)]:
+        raise ValueError(f"invalid (causal={causal}, D={d}); see jax_flashmask.masks.validate")
+    sq = jnp.int32(q_len)
+    full = jnp.full((b, hm, sk), sq, jnp.int32)
+    zero = jnp.zeros((b, hm, sk), jnp.int32)
+    if causal:
+        j = jnp.arange(sk, dtype=jnp.int32)
+        ute = jnp.broadcast_to(jnp.clip(j - (sk - q_len), 0, q_len), (b, hm, sk)).astype(jnp.int32)
+        lts = x[..., 0]
+        lte = x[..., 1] if d == 2 else full
+        uts = zero
+    elif d == 2:
+        lts, lte, uts, ute = x[..., 0], full, zero, x[..., 1]
+    else:
+        lts, lte, uts, ute = x[..., 0], x[..., 1], x[..., 2], x[..., 3]
+    return jnp.stack([lts, lte, uts, ute], axis=2)
+
+
+def unmasked_bounds(batch: int, kv_len: int, *, causal: bool, q_len: int) -> jax.Array:
+    """Canonical bounds of 'no mask beyond `causal`', shaped ``[batch, 1, 4, kv_len]``."""
+    ind = jnp.full((batch, 1, kv_len, 1 if causal else 2), 0, jnp.int32)
+    ind = ind.at[..., 0].set(q_len)  # LTS = Sq: the lower-triangle range is empty
+    return canonical_bounds(ind, causal=causal, q_len=q_len)
+
+
+def dense_from_bounds(bounds, q_len: int) -> jax.Array:
+    """Boolean ``[B, Hm, Sq, Sk]`` (True = masked) from canonical bounds ``[B, Hm, 4, Sk]``."""
+    i = jnp.arange(q_len, dtype=jnp.int32)[:, None]
+    lts, lte, uts, ute = (bounds[:, :, k, None, :] for k in range(4))
+    return ((lts <= i) & (i < lte)) | ((uts <= i) & (i < ute))
+
+
+def to_dense(startend_row_indices, *, causal: bool, q_len: int | None = None) -> jax.Array:
+    """The dense view: boolean ``[B, Hm, Sq, Sk]``, True where the cell is masked.
+
+    For tests, pictures and small problems only: it is O(Sq·Sk).
+    """
+    if isinstance(startend_row_indices, FlashMask):
+        causal = startend_row_indices.causal
+        startend_row_indices = startend_row_indices.startend_row_indices
+    sk = startend_row_indices.shape[2]
+    q_len = sk if q_len is None else q_len
+    validate(startend_row_indices, causal=causal, q_len=q_len)
+    return _dense(startend_row_indices, causal=causal, q_len=q_len)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "q_len"))
+def _dense(startend_row_indices, *, causal, q_len):
+    return dense_from_bounds(canonical_bounds(startend_row_indices, causal=causal, q_len=q_len), q_len)
+
+
+def from_segment_ids(segment_ids, *, causal: bool = True) -> FlashMask:
+    """Packed documents: a key sees only queries of its own document (and, if causal, later ones).
+
+    `segment_ids` is int ``[B, S]`` or ``[S]``; each document must be one contiguous run of equal
+    ids; id ``-1`` marks padding, whose rows and columns are fully masked (output 0).
+    Returns a `FlashMask` of shape ``[B, 1, S, 1]`` (causal) or ``[B, 1, S, 2]`` (non-causal).
+    """
+    seg = np.asarray(segment_ids)
+    if seg.ndim == 1:
+        seg = seg[None]
+    if seg.ndim != 2 or not np.issubdtype(seg.dtype, np.integer):
+        raise ValueError(f"segment_ids must be an integer array [B, S] or [S], got {seg.dtype} {seg.shape}")
+    b, s = seg.shape
+    start = np.zeros((b, s), np.int32)
+    end = np.zeros((b, s), np.int32)
+    for r in range(b):
+        change = np.flatnonzero(np.diff(seg[r])) + 1
+        starts = np.concatenate([[0], change])
+        ends = np.concatenate([change, [s]])
+        run_ids = seg[r, starts]
+        real = run_ids[run_ids != -1]
+        if len(np.unique(real)) != len(real):
+            raise ValueError(
+                "segment_ids: every document must be one contiguous run of equal ids "
+                f"(row {r} repeats an id after another one)"
+            )
+        lengths = ends - starts
+        start[r] = np.repeat(starts, lengths)
+        end[r] = np.repeat(ends, lengths)
+    pad = seg == -1
+    lts = np.where(pad, 0, end)  # padding columns: every row masked
+    if causal:
+        ind = lts[:, None, :, None]
+    else:
+        ute = np.where(pad, s, start)
+        ind = np.stack([lts, ute], axis=-1)[:, None]
+    return FlashMask(jax.device_put(np.asarray(ind, np.int32)), causal=causal)
+
+
+def from_window(seq_len: int, left: int | None, right: int | None = 0, *, batch: int = 1) -> FlashMask:
+    """Sliding window: query i sees keys j with ``i - left <= j <= i + right`` (None = unbounded).
+
+    ``right=0`` is the causal sliding window (``causal=True``, D=1); anything else is
+    ``causal=False`` with (LTS, UTE).
+    """
+    for name, w in (("left", left), ("right", right)):
+        if w is not None and w < 0:
+            raise ValueError(f"from_window: {name} must be >= 0 or None, got {w}")
+    j = np.arange(seq_len, dtype=np.int64)
+    lts = seq_len if left is None else np.minimum(j + left + 1, seq_len)
+    lts = np.broadcast_to(lts, (seq_len,)).astype(np.int32)
+    if right == 0:
+        ind = lts[None, None, :, None]
+        causal = True
+    else:
+        ute = 0 if right is None else np.clip(j - right, 0, seq_len)
+        ute = np.broadcast_to(ute, (seq_len,)).astype(np.int32)
+        ind = np.stack([lts, ute], axis=-1)[None, None]
+        causal = False
+    ind = np.broadcast_to(ind, (batch,) + ind.shape[1:])
+    return FlashMask(jax.device_put(np.asarray(ind, np.int32)), causal=causal)
