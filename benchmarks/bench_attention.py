@@ -53,20 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 if importlib.util.find_spec("jax_flashmask") is None and str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-MASK_NAMES = (
-    "full",
-    "causal",
-    "sliding_window",
-    "causal_document",
-    "document",
-    "share_question",
-    "global_sliding_window",
-    "causal_blockwise",
-    "prefix_lm_document",
-    "prefix_lm_causal",
-    "qk_sparse",
-    "random_eviction",
-)
+from jax_flashmask.masks import BENCHMARK_MASKS as MASK_NAMES  # noqa: E402  (SPEC §2 order)
 IMPLS = ("ours", "cudnn", "flex")
 TILE = 128
 BWD_FACTOR = 2.5

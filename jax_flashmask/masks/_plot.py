@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._core import FlashMask, validate
+from ._core import FlashMask
 
 __all__ = ["plot", "plot_suite", "sampled_dense"]
 
@@ -50,19 +50,11 @@ def sampled_dense(
     Computed from the canonical bounds at evenly sampled rows and columns: never builds Sq×Sk.
     Returns ``(masked, row_index, col_index)``.
     """
-    if isinstance(mask, FlashMask):
-        causal, ind = mask.causal, mask.startend_row_indices
-    else:
-        if causal is None:
-            raise ValueError("pass a FlashMask, or the indices together with causal=")
-        ind = mask
-    sk = ind.shape[2]
-    q_len = sk if q_len is None else int(q_len)
-    validate(ind, causal=causal, q_len=q_len)
-    from ._builders import canonical_bounds_np
+    from ._builders import _bounds_np
 
-    one = np.asarray(ind)[batch_index : batch_index + 1, head : head + 1]
-    b = canonical_bounds_np(one, causal=causal, q_len=q_len)[0, 0]  # [4, Sk]
+    bounds, q_len = _bounds_np(mask, q_len, causal)
+    b = bounds[batch_index, head]  # [4, Sk]
+    sk = b.shape[-1]
     rows = _sample(q_len, max_pixels)
     cols = _sample(sk, max_pixels)
     lts, lte, uts, ute = (b[k, cols][None, :] for k in range(4))
