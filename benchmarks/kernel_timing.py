@@ -1,0 +1,99 @@
+"""Quick timing of the sm_90a forward kernel (and cuDNN on full/causal, same run).
+
+Protocol as in SPEC §5: bf16, H=32, d=128 (unless --d), B = tokens/S, masks of the 12-mask
+suite. Wall-clock median of --iters runs after warm-up, block_until_ready each. TFLOP/s with the
+FlashMask convention 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles) and with exact
+visible-area FLOPs.
+Usage: python benchmarks/kernel_timing.py --seqs 8192 32768 --masks full causal document --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from jax_flashmask import _cuda, masks
+
+
+def timeit(f, *args, iters=10, warmup=3):
+    for _ in range(warmup):
+        jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=[8192])
+    ap.add_argument("--masks", nargs="+", default=["full", "causal"])
+    ap.add_argument("--tokens", type=int, default=131072)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--variants", type=int, nargs="+", default=[2])
+    ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    dtype = jnp.dtype(a.dtype)
+    rows = []
+    for S in a.seqs:
+        B = max(1, a.tokens // S)
+        H, d = a.heads, a.d
+        key = jax.random.PRNGKey(S)
+        kq, kk, kv = jax.random.split(key, 3)
+        q = jax.random.normal(kq, (B, S, H, d), dtype)
+        k = jax.random.normal(kk, (B, S, H, d), dtype)
+        v = jax.random.normal(kv, (B, S, H, d), dtype)
+        suite = masks.benchmark_suite(S, 0, batch=B)
+        for name in a.masks:
+            m = suite[name]
+            bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
+            rho = float(masks.block_sparsity(m, S, 128))
+            vis = float(masks.visible_fraction(m, S))
+            flops_fm = 4.0 * B * H * S * S * d * (1 - rho)
+            flops_exact = 4.0 * B * H * S * S * d * vis
+            for var in a.variants:
+                f = jax.jit(lambda q, k, v, b, var=var: _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var))
+                try:
+                    t = timeit(f, q, k, v, bounds, iters=a.iters)
+                except Exception as e:  # noqa: BLE001
+                    print(f"S={S} {name} variant={var}: FAILED {e}", flush=True)
+                    continue
+                r = dict(impl=f"flashmask_sm90_v{var}", S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                         visible=vis, ms=t * 1e3, tflops_fm=flops_fm / t / 1e12,
+                         tflops_exact=flops_exact / t / 1e12)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+            if a.cudnn and name in ("full", "causal"):
+                causal = name == "causal"
+                g = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+                    q, k, v, is_causal=causal, implementation="cudnn"))
+                try:
+                    t = timeit(g, q, k, v, iters=a.iters)
+                    r = dict(impl="cudnn", S=S, B=B, H=H, d=d, mask=name, rho=rho, visible=vis,
+                             ms=t * 1e3, tflops_fm=flops_fm / t / 1e12, tflops_exact=flops_exact / t / 1e12)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"cudnn {name} S={S}: FAILED {e}", flush=True)
+        del q, k, v
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,4 @@
+#pragma once
+#include "xla/ffi/api/c_api.h"
+// Defined in fwd_handler.cc.
+extern "C" XLA_FFI_Error* JfmFlashmaskFwdSm90(XLA_FFI_CallFrame* call_frame);

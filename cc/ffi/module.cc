@@ -1,0 +1,24 @@
+// nanobind module jax_flashmask._flashmask_cuda: exports the FFI handlers as capsules only;
+// Python registers them with jax.ffi.register_ffi_target(platform="CUDA").
+#include <nanobind/nanobind.h>
+
+#include <cuda_runtime.h>
+
+#include "handlers.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_flashmask_cuda, m) {
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_flashmask_fwd_sm90"] = nb::capsule(reinterpret_cast<void*>(&JfmFlashmaskFwdSm90));
+    return d;
+  });
+  m.def("cuda_runtime_version", []() {
+    int v = 0;
+    cudaRuntimeGetVersion(&v);
+    return v;
+  });
+  // forward kernel variants compiled in (see jax_flashmask/_cuda.py)
+  m.attr("forward_variants") = nb::make_tuple(1, 2, 3);
+}

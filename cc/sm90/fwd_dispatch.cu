@@ -1,0 +1,51 @@
+// Picks the compiled forward configuration for (dtype, head dim, variant).
+#include <cutlass/numeric_types.h>
+#include "fwd_launch.h"
+#include "params.h"
+
+namespace jfm {
+
+int fwd_block_n(int d) { return d == 256 ? 64 : 128; }
+
+cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const char** err) {
+  using cutlass::bfloat16_t;
+  using cutlass::half_t;
+  if (p.B == 0 || p.Sq == 0 || p.N == 0) return cudaSuccess;
+  if (p.Sk <= 0) {
+    if (err) *err = "flashmask sm90 forward: Sk must be >= 1";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
+    if (err) *err = "flashmask sm90 forward: N must be a multiple of K and of Hm";
+    return cudaErrorInvalidValue;
+  }
+  const bool bf16 = p.dtype == DType::kBF16;
+  if (p.variant == 1) {  // one consumer warpgroup (64-row tiles): the step-2 baseline, bf16 d=128
+    if (bf16 && p.d == 128) return sm90::launch_fwd<bfloat16_t, 128, 128, 1, 2, false>(p, stream, err);
+    if (err) *err = "flashmask sm90 forward: variant 1 is compiled for bf16, d=128 only";
+    return cudaErrorInvalidValue;
+  }
+  if (p.variant != 2 && p.variant != 3) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 1, 2, 3)";
+    return cudaErrorInvalidValue;
+  }
+  // variant 2: two consumer warpgroups + softmax/GEMM overlap + ping-pong, one CTA per tile;
+  // variant 3: the same kernel on a persistent grid (one CTA per SM). (Variant 0, the same without
+  // overlap, was measured in run 1 and is no longer compiled: see benchmarks/NOTES.md.)
+  switch (p.d) {
+    case 64:
+      return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true>(p, stream, err)
+                  : sm90::launch_fwd<half_t, 64, 128, 2, 2, true>(p, stream, err);
+    case 128:
+      return bf16 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true>(p, stream, err)
+                  : sm90::launch_fwd<half_t, 128, 128, 2, 2, true>(p, stream, err);
+    case 256:
+      return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true>(p, stream, err)
+                  : sm90::launch_fwd<half_t, 256, 64, 2, 2, true>(p, stream, err);
+    default:
+      if (err) *err = "flashmask sm90 forward: head dim must be 64, 128 or 256";
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace jfm

@@ -1,0 +1,570 @@
+// FlashMask-3 forward for Hopper (sm_90a): TMA -> multi-stage smem ring (mbarriers) -> WGMMA,
+// fp32 online softmax, block skip from the per-key-block metadata, element masking on partial
+// tiles only. Warp specialized: warpgroup 0 = producer (one thread issues TMA; warp 1 builds the
+// compacted list of non-skipped key blocks with a partial/visible flag before the main loop),
+// warpgroups 1..NWG = consumers (64 query rows each).
+//
+// Written for jax_flashmask; layouts and pipeline primitives come from CuTe / CUTLASS headers.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "params.h"
+
+namespace jfm::sm90 {
+
+using namespace cute;
+
+template <class Elem_, int D_, int Bn_, int NWG_, int Stages_, bool Overlap_>
+struct FwdTraits {
+  static constexpr bool Overlap = Overlap_;
+  using Elem = Elem_;
+  static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
+  static constexpr int Bm = 64 * NWG;
+  static constexpr int kThreads = 128 * (NWG + 1);
+  static_assert(D % 64 == 0, "head dim must be a multiple of 64");
+  static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
+
+  using SmemLayoutQ =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bm>, Int<D>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<Bn>, Int<D>, Int<Stages>>{}));
+  // V^T view of the V ring: (D, Bn, Stages), MN-major for the PV GEMM's B operand.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutK{},
+      make_ordered_layout(Shape<Int<D>, Int<Bn>, Int<Stages>>{}, Step<_2, _1, _3>{})));
+
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<Bn>, Int<D>>>(),
+      Layout<Shape<Int<NWG>, _1, _1>>{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<D>, Int<Bn>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<NWG>, _1, _1>>{}));
+
+  using Pipeline = cutlass::PipelineTmaAsync<Stages>;
+
+  struct SharedStorage {
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
+    typename Pipeline::SharedStorage pipe_k;
+    typename Pipeline::SharedStorage pipe_v;
+    alignas(8) uint64_t q_full;   // Q tile landed (TMA transaction barrier), one phase per tile
+    alignas(8) uint64_t q_empty;  // consumers finished reading Q of the tile, one phase per tile
+  };
+};
+
+struct KArgs {
+  void* o;
+  float* lse;
+  const int32_t* bounds;
+  const int32_t* meta;
+  int B, Sq, Sk, N, K, Hm;
+  int nblk;
+  int heads_per_kv, heads_per_mask;
+  float scale_log2;
+};
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// One WGMMA batch: C (+)= A * B over the K mode; optionally wait for completion.
+template <bool kZeroInit, int kWait, bool kARegs, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TA const& tA, TB const& tB, TC& tC) {
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tA));
+  warpgroup_fence_operand(tC);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(tA); ++kb) {
+    cute::gemm(mma, tA(_, _, kb), tB(_, _, kb), tC);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
+  warpgroup_fence_operand(tC);
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tA));
+}
+
+// Mask role, in every warp that needs it: walks the key blocks of one query tile that are not fully
+// masked, in order, with a partial/visible flag and a one-block lookahead (so the caller knows
+// which block is the last). 32 blocks are classified at a time, one per lane, from the block
+// metadata (SPEC section 3); skipped blocks cost one bit of a ballot. Every warp computes the same
+// sequence, so the producer and the consumers agree on it without sharing a list.
+template <int Bn>
+struct KeptBlocks {
+  const int32_t* mt;
+  int nblk, ms, me, Sk, lane;
+  int base;
+  unsigned keep, part;
+  int nxt;
+  bool nxt_partial;
+
+  __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_)
+      : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), lane(lane_), base(0) {
+    scan();
+    advance();
+  }
+  __device__ __forceinline__ void scan() {
+    const int n = base + lane;
+    bool k = false, p = false;
+    if (n < nblk) {
+      const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
+      const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
+      const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
+      const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
+      const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+      p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
+      k = !skip;
+    }
+    keep = __ballot_sync(0xffffffffu, k);
+    part = __ballot_sync(0xffffffffu, p);
+  }
+  __device__ __forceinline__ void advance() {
+    while (keep == 0u) {
+      base += 32;
+      if (base >= nblk) {
+        nxt = -1;
+        return;
+      }
+      scan();
+    }
+    const int bit = __ffs(keep) - 1;
+    keep &= keep - 1u;
+    nxt = base + bit;
+    nxt_partial = (part >> bit) & 1u;
+  }
+  __device__ __forceinline__ bool has_next() const { return nxt >= 0; }
+  __device__ __forceinline__ int next(bool& partial) {
+    const int n = nxt;
+    partial = nxt_partial;
+    advance();
+    return n;
+  }
+};
+
+template <class T, class TmaQ, class TmaK, class TmaV>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    flashmask_fwd_kernel(CUTE_GRID_CONSTANT KArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
+                         CUTE_GRID_CONSTANT TmaK const tma_k, CUTE_GRID_CONSTANT TmaV const tma_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, NWG = T::NWG;
+  using Pipeline = typename T::Pipeline;
+  using Storage = typename T::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int lane = threadIdx.x % 32;
+  const int wg = threadIdx.x / 128;
+  const int nblk = a.nblk;
+  const int mblk = (a.Sq + Bm - 1) / Bm;
+  const int NB = a.N * a.B;
+  const int total_tiles = mblk * NB;
+  // Tile t -> (m_blk, h, b): (batch, head)-major so that the ~132 tiles in flight at any time
+  // share one head's K/V in L2 (a head-fastest order thrashed L2: -25 % on full 32K, run 2);
+  // inside a head the last query tile comes first (heaviest first for bottom-right causal masks).
+  auto decode = [&](int t, int& m_blk, int& h, int& b) {
+    const int hb = t / mblk;
+    m_blk = mblk - 1 - (t - hb * mblk);
+    h = hb % a.N;
+    b = hb / a.N;
+  };
+
+  typename Pipeline::Params pp;
+  pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pp.is_leader = threadIdx.x == 0;
+  pp.num_consumers = 128 * NWG;
+  pp.transaction_bytes = Bn * D * sizeof(Elem);
+  pp.initializing_warp = 0;
+  Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
+  pp.initializing_warp = 1;
+  Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
+  if (threadIdx.x == 0) {
+    Barrier::init(&ss.q_full, 1);
+    EmptyBarrier::init(&ss.q_empty, 128 * NWG);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutVt{});
+
+  if (wg == 0) {
+    // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
+    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp == 0) {
+      Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+      Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+      Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+      auto wr = cutlass::make_producer_start_state<Pipeline>();
+      int k_iter = 0;
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k_iter) {
+        int m_blk, h, b;
+        decode(t, m_blk, h, b);
+        const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
+        const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
+        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
+        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
+        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
+        auto tQ = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                group_modes<0, 2>(gQ));
+        auto& tQgQ = get<0>(tQ);
+        auto& tQsQ = get<1>(tQ);
+        auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                          group_modes<0, 2>(gK));
+        auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                          group_modes<0, 2>(gV));
+        // Q of this tile can only land once the consumers are done with the previous tile's Q;
+        // the first K tile is issued before that wait, so it loads under the previous tile's
+        // last GEMMs and epilogue (persistent grid).
+        auto issue_q = [&]() {
+          if (lane == 0) {
+            if (k_iter > 0) EmptyBarrier::wait(&ss.q_empty, (k_iter - 1) & 1);
+            Barrier::arrive_and_expect_tx(&ss.q_full, Bm * D * sizeof(Elem));
+            copy(tma_q.with(ss.q_full), tQgQ, tQsQ);
+          }
+        };
+        KeptBlocks<Bn> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
+                              a.Sk, lane);
+        if (!blocks.has_next()) issue_q();
+        bool first = true;
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial);
+          if (lane == 0) {
+            pipe_k.producer_acquire(wr);
+            copy(tma_k.with(*pipe_k.producer_get_barrier(wr)), tKgK(_, n), tKsK(_, wr.index()));
+          }
+          if (first) issue_q();
+          first = false;
+          if (lane == 0) {
+            pipe_v.producer_acquire(wr);
+            copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
+          }
+          ++wr;
+        }
+      }
+    }
+  } else {
+    // ---------------- consumer warpgroups ----------------
+    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    const int ctid = threadIdx.x - 128;
+    typename T::TiledMmaQK mma_qk;
+    typename T::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(ctid);
+    auto thr_pv = mma_pv.get_thread_slice(ctid);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<Bm>, Int<Bn>>{});
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Bm>, Int<D>>{});
+    Tensor tOrP = make_tensor<Elem>(partition_shape_A(mma_pv, Shape<Int<Bm>, Int<Bn>>{}));
+    static_assert(decltype(size(tSrS))::value == Bn / 2, "unexpected S fragment");
+    static_assert(decltype(size(tOrO))::value == D / 2, "unexpected O fragment");
+    static_assert(decltype(size(tOrP))::value == Bn / 2, "unexpected P fragment");
+    const int colq = 2 * (lane % 4);
+    const float sl2 = a.scale_log2;
+    const int cwg = wg - 1;  // consumer warpgroup index
+    // bounds rows start at multiples of Sk: int2 loads are aligned iff Sk is even
+    const bool sk_even = (a.Sk % 2) == 0;
+
+    cutlass::PipelineState<T::Stages> rd;
+    int k_iter = 0;
+    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k_iter) {
+      int m_blk, h, b;
+      decode(t, m_blk, h, b);
+      const int hm = h / a.heads_per_mask;
+      const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
+      // Accumulator element e of a 64xN wgmma tile: col = 8*(e>>2) + 2*(lane%4) + (e&1),
+      // row = 16*warp_in_wg + lane/4 + 8*((e>>1)&1).
+      const int row0 = ms + 64 * cwg + 16 * (warp % 4) + lane / 4;
+      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+      float m_i[2] = {-INFINITY, -INFINITY};
+      float l_i[2] = {0.f, 0.f};
+      clear(tOrO);
+
+      // Element mask of a partial tile (only partial tiles pay for it).
+      auto apply_mask = [&](int n) {
+        CUTE_UNROLL
+        for (int kk = 0; kk < Bn / 8; ++kk) {
+          const int col0 = n * Bn + 8 * kk + colq;  // even; this thread's columns col0, col0 + 1
+          int lts[2] = {0, 0}, lln[2] = {0, 0}, uts[2] = {0, 0}, uln[2] = {0, 0};
+          if (sk_even && col0 + 1 < a.Sk) {  // 8-byte aligned pairs: half the loads
+            const int2 x0 = __ldg(reinterpret_cast<const int2*>(bnd + col0));
+            const int2 x1 = __ldg(reinterpret_cast<const int2*>(bnd + a.Sk + col0));
+            const int2 x2 = __ldg(reinterpret_cast<const int2*>(bnd + 2 * (int64_t)a.Sk + col0));
+            const int2 x3 = __ldg(reinterpret_cast<const int2*>(bnd + 3 * (int64_t)a.Sk + col0));
+            lts[0] = x0.x; lts[1] = x0.y;
+            lln[0] = x1.x - x0.x; lln[1] = x1.y - x0.y;
+            uts[0] = x2.x; uts[1] = x2.y;
+            uln[0] = x3.x - x2.x; uln[1] = x3.y - x2.y;
+          } else {
+            CUTE_UNROLL
+            for (int j = 0; j < 2; ++j) {
+              if (col0 + j < a.Sk) {
+                lts[j] = __ldg(bnd + col0 + j);
+                lln[j] = __ldg(bnd + a.Sk + col0 + j) - lts[j];
+                uts[j] = __ldg(bnd + 2 * (int64_t)a.Sk + col0 + j);
+                uln[j] = __ldg(bnd + 3 * (int64_t)a.Sk + col0 + j) - uts[j];
+              }
+            }
+          }
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const bool oob = col0 + j >= a.Sk;
+            CUTE_UNROLL
+            for (int i = 0; i < 2; ++i) {
+              const int r = row0 + 8 * i;
+              const bool masked = oob || ((unsigned)(r - lts[j]) < (unsigned)max(lln[j], 0)) ||
+                                  ((unsigned)(r - uts[j]) < (unsigned)max(uln[j], 0));
+              if (masked) tSrS(4 * kk + 2 * i + j) = -INFINITY;
+            }
+          }
+        }
+      };
+      // Online softmax on S in place (S -> P); returns the O correction factors in corr.
+      // Rows i = 0, 1 of this thread; a row lives in the 4 lanes of a quad.
+      auto softmax = [&](float (&corr)[2]) {
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          float mx = m_i[i];
+          CUTE_UNROLL
+          for (int kk = 0; kk < Bn / 8; ++kk) {
+            mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float msc = (mx == -INFINITY) ? 0.f : mx * sl2;
+          corr[i] = fast_exp2(m_i[i] * sl2 - msc);
+          m_i[i] = mx;
+          float sum = 0.f;
+          CUTE_UNROLL
+          for (int kk = 0; kk < Bn / 8; ++kk) {
+            CUTE_UNROLL
+            for (int j = 0; j < 2; ++j) {
+              const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
+              tSrS(4 * kk + 2 * i + j) = p;
+              sum += p;
+            }
+          }
+          l_i[i] = l_i[i] * corr[i] + sum;
+        }
+      };
+      auto rescale_o = [&](float const (&corr)[2]) {
+        CUTE_UNROLL
+        for (int kk = 0; kk < D / 8; ++kk) {
+          CUTE_UNROLL
+          for (int i = 0; i < 2; ++i) {
+            tOrO(4 * kk + 2 * i) *= corr[i];
+            tOrO(4 * kk + 2 * i + 1) *= corr[i];
+          }
+        }
+      };
+      auto convert_p = [&]() {
+        CUTE_UNROLL
+        for (int e = 0; e < Bn / 2; e += 2) {
+          tOrP(e) = static_cast<Elem>(tSrS(e));
+          tOrP(e + 1) = static_cast<Elem>(tSrS(e + 1));
+        }
+      };
+
+      KeptBlocks<Bn> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
+                            a.Sk, lane);
+      Barrier::wait(&ss.q_full, k_iter & 1);
+      const bool had_blocks = blocks.has_next();
+      if constexpr (!T::Overlap) {
+        // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial);
+          pipe_k.consumer_wait(rd);
+          wgmma_gemm<true, 0, false>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+          pipe_k.consumer_release(rd);
+          if (partial) apply_mask(n);
+          float corr[2];
+          softmax(corr);
+          rescale_o(corr);
+          convert_p();
+          pipe_v.consumer_wait(rd);
+          wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+          pipe_v.consumer_release(rd);
+          ++rd;
+        }
+      } else if (blocks.has_next()) {
+        // FA3-style: the softmax of block t overlaps the QK^T GEMM of block t+1 and the PV GEMM of
+        // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
+        // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
+        constexpr bool kPingPong = NWG == 2;
+        {
+          bool partial;
+          const int n = blocks.next(partial);
+          pipe_k.consumer_wait(rd);
+          wgmma_gemm<true, 0, false>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+          pipe_k.consumer_release(rd);
+          if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty);  // last QK^T of the tile done
+          if (partial) apply_mask(n);
+          float corr[2];
+          softmax(corr);
+          convert_p();
+        }
+        if constexpr (kPingPong) {
+          if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        }
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial);
+          const bool last = !blocks.has_next();
+          auto rd_prev = rd;
+          ++rd;
+          pipe_k.consumer_wait(rd);
+          if constexpr (kPingPong) {
+            if (cwg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+          }
+          wgmma_gemm<true, -1, false>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+          pipe_v.consumer_wait(rd_prev);
+          wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
+          if constexpr (kPingPong) {
+            if (cwg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+            else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+          }
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tSrS);
+          pipe_k.consumer_release(rd);
+          if (last) EmptyBarrier::arrive(&ss.q_empty);  // last QK^T of the tile done: Q is free
+          if (partial) apply_mask(n);
+          float corr[2];
+          softmax(corr);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP);
+          pipe_v.consumer_release(rd_prev);
+          rescale_o(corr);
+          convert_p();
+        }
+        pipe_v.consumer_wait(rd);
+        wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+        pipe_v.consumer_release(rd);
+        ++rd;
+      }
+      // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
+      // right after its last QK^T; here: the other paths and tiles without any kept block).
+      if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty);
+
+      // Epilogue: normalize, write O (input dtype) and LSE (natural log, -inf for empty rows).
+      float inv[2], lse[2];
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        float l = l_i[i];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const bool empty = !(l > 0.f);
+        inv[i] = empty ? 0.f : 1.f / l;
+        lse[i] = empty ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
+      }
+      Elem* out = reinterpret_cast<Elem*>(a.o);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int r = row0 + 8 * i;
+        if (r < a.Sq) {
+          Elem* orow = out + (((int64_t)b * a.Sq + r) * a.N + h) * D;
+          CUTE_UNROLL
+          for (int kk = 0; kk < D / 8; ++kk) {
+            cutlass::Array<Elem, 2> pair;
+            pair[0] = static_cast<Elem>(tOrO(4 * kk + 2 * i) * inv[i]);
+            pair[1] = static_cast<Elem>(tOrO(4 * kk + 2 * i + 1) * inv[i]);
+            *reinterpret_cast<cutlass::Array<Elem, 2>*>(orow + 8 * kk + colq) = pair;
+          }
+          if ((lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
+        }
+      }
+    }  // tile loop
+  }
+#endif
+}
+
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
+  using T = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
+  const int nblk = (p.Sk + Bn - 1) / Bn;
+  const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
+  const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
+  if (total_tiles > INT32_MAX) {
+    if (err) *err = "flashmask sm90 forward: too many query tiles (ceil(Sq/128) * N * B >= 2^31)";
+    return cudaErrorInvalidValue;
+  }
+  const size_t smem = sizeof(typename T::SharedStorage);
+  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
+  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * nblk) {
+    if (err) *err = "flashmask sm90 forward: metadata workspace too small";
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
+  if (e != cudaSuccess) return e;
+
+  const Elem* q = reinterpret_cast<const Elem*>(p.q);
+  const Elem* k = reinterpret_cast<const Elem*>(p.k);
+  const Elem* v = reinterpret_cast<const Elem*>(p.v);
+  Tensor mQ = make_tensor(make_gmem_ptr(q), make_shape(p.Sq, D, p.N, p.B),
+                          make_stride((int64_t)p.N * D, _1{}, (int64_t)D, (int64_t)p.Sq * p.N * D));
+  Tensor mK = make_tensor(make_gmem_ptr(k), make_shape(p.Sk, D, p.K, p.B),
+                          make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D));
+  Tensor mV = make_tensor(make_gmem_ptr(v), make_shape(p.Sk, D, p.K, p.B),
+                          make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D));
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{},
+                             Shape<Int<T::Bm>, Int<D>>{}, _1{});
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}),
+                             Shape<Int<Bn>, Int<D>>{}, _1{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, take<0, 2>(typename T::SmemLayoutK{}),
+                             Shape<Int<Bn>, Int<D>>{}, _1{});
+
+  KArgs a;
+  a.o = p.o;
+  a.lse = p.lse;
+  a.bounds = p.bounds;
+  a.meta = p.meta;
+  a.B = p.B; a.Sq = p.Sq; a.Sk = p.Sk; a.N = p.N; a.K = p.K; a.Hm = p.Hm;
+  a.nblk = nblk;
+  a.heads_per_kv = p.N / p.K;
+  a.heads_per_mask = p.N / p.Hm;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+
+  auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  // Non-persistent: one CTA per query tile. Persistent (variant 3): one CTA per SM, each walks the
+  // heaviest-first tile order with stride gridDim.x; Q/K/V loads of the next tile overlap the
+  // epilogue of the current one.
+  int grid = (int)total_tiles;
+  if (p.variant == 3) {
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess)
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    grid = (int)std::min<int64_t>(total_tiles, sms > 0 ? sms : 132);
+  }
+  kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_k, tma_v);
+  return cudaGetLastError();
+}
+
+}  // namespace jfm::sm90

@@ -1,0 +1,9 @@
+// Declaration of the templated forward launcher (defined in fwd_kernel.cuh, explicitly
+// instantiated one configuration per file under inst/ so they compile in parallel).
+#pragma once
+#include "params.h"
+
+namespace jfm::sm90 {
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err);
+}  // namespace jfm::sm90

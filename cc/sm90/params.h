@@ -1,0 +1,38 @@
+// Plain parameter block shared by the XLA FFI handler (host C++) and the sm_90a kernels.
+// Knows nothing about XLA and nothing about CuTe.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace jfm {
+
+enum class DType : int { kBF16 = 0, kFP16 = 1 };
+
+struct FwdParams {
+  const void* q;        // [B, Sq, N, d]
+  const void* k;        // [B, Sk, K, d]
+  const void* v;        // [B, Sk, K, d]
+  const int32_t* bounds;  // [B, Hm, 4, Sk]  (LTS, LTE, UTS, UTE)
+  void* o;              // [B, Sq, N, d]   (q dtype)
+  float* lse;           // [B, Sq, N]      float32 (natural log)
+  int32_t* meta;        // workspace: [B, Hm, 8, nblk_k]  block min/max
+  int64_t meta_capacity;  // number of int32 available in meta
+  int B, Sq, Sk, N, K, Hm, d;
+  float scale;          // softmax scale applied to q.k
+  DType dtype;
+  int variant;          // kernel variant: 1, 2 or 3 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
+};
+
+// Returns cudaSuccess or the launch error. Never synchronizes. `err` (may be null) gets a message
+// for argument errors (then cudaErrorInvalidValue is returned).
+cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const char** err);
+
+// Key block size the forward kernel uses for head dim d (the metadata granularity).
+int fwd_block_n(int d);
+
+// Block metadata: for each (b, hm, key block of size bn): min/max of LTS, LTE, UTS, UTE.
+// meta layout [B, Hm, 8, nblk]: LTSmin, LTSmax, LTEmin, LTEmax, UTSmin, UTSmax, UTEmin, UTEmax.
+cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
+                            cudaStream_t stream);
+
+}  // namespace jfm

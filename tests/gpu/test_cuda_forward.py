@@ -1,0 +1,234 @@
+"""GPU tests of the sm_90a FlashMask forward kernel (jax_flashmask._cuda).
+
+Skipped unless the compiled extension and a Hopper GPU are present. Every case compares against a
+dense float64 NumPy reference built inline from the canonical bounds, on fresh random inputs (the
+seed is printed in failure messages).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jax_flashmask import _cuda
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _cuda.is_available(), reason=f"CUDA kernels unavailable: {_cuda.unavailable_reason()}"),
+]
+
+TOL = {jnp.bfloat16: (2.5e-2, 2.5e-2), jnp.float16: (4e-3, 4e-3)}
+
+
+def _seed():
+    return int(np.random.SeedSequence().entropy % (2**32))
+
+
+def reference(q, k, v, bounds, scale):
+    """Dense reference: float64, (out [B,Sq,N,d], lse [B,Sq,N]); masked rows -> 0, -inf."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64)
+    v = np.asarray(v, np.float64)
+    bounds = np.asarray(bounds)
+    B, Sq, N, d = q.shape
+    K, Hm = k.shape[2], bounds.shape[1]
+    kk = np.repeat(k, N // K, axis=2)
+    vv = np.repeat(v, N // K, axis=2)
+    s = np.matmul(q.transpose(0, 2, 1, 3), kk.transpose(0, 2, 3, 1)) * scale  # [B,N,Sq,Sk]
+    i = np.arange(Sq)[None, None, :, None]
+    lts, lte, uts, ute = (bounds[:, :, c, None, :] for c in range(4))
+    masked = ((lts <= i) & (i < lte)) | ((uts <= i) & (i < ute))  # [B,Hm,Sq,Sk]
+    masked = np.repeat(masked, N // Hm, axis=1)
+    s = np.where(masked, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    empty = ~np.isfinite(m)
+    p = np.exp(s - np.where(empty, 0.0, m))
+    l = p.sum(-1, keepdims=True)
+    out = np.matmul(p / np.where(l > 0, l, 1.0), vv.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    lse = np.where(l[..., 0] > 0, (m + np.log(np.where(l > 0, l, 1.0)))[..., 0], -np.inf)
+    return out, np.transpose(lse, (0, 2, 1))
+
+
+def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
+    q = rng.standard_normal((B, Sq, N, d), np.float32)
+    k = rng.standard_normal((B, Sk, K, d), np.float32)
+    v = rng.standard_normal((B, Sk, K, d), np.float32)
+    return (jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype))
+
+
+def causal_bounds(B, Hm, Sq, Sk):
+    j = np.arange(Sk)
+    b = np.zeros((B, Hm, 4, Sk), np.int32)
+    b[:, :, 0] = Sq
+    b[:, :, 1] = Sq
+    b[:, :, 3] = np.clip(j - (Sk - Sq), 0, Sq)
+    return b
+
+
+def random_bounds(rng, B, Hm, Sq, Sk, p_unmasked=0.3):
+    lts = rng.integers(0, Sq + 1, (B, Hm, Sk))
+    lte = lts + rng.integers(0, Sq + 1, (B, Hm, Sk))
+    uts = rng.integers(0, Sq + 1, (B, Hm, Sk))
+    ute = uts + rng.integers(0, Sq // 2 + 1, (B, Hm, Sk))
+    b = np.stack([lts, np.minimum(lte, Sq), uts, np.minimum(ute, Sq)], axis=2)
+    free = rng.random((B, Hm, 1, Sk)) < p_unmasked
+    b = np.where(free, np.array([Sq, Sq, 0, 0])[None, None, :, None], b)
+    return b.astype(np.int32)
+
+
+# Kernel variants exercised by every check (jax_flashmask._cuda.TESTED_VARIANTS): 2 = one CTA per
+# tile, 3 = persistent grid. Variant 1 (one consumer warpgroup) has its own test.
+VARIANTS = tuple(getattr(_cuda, "TESTED_VARIANTS", (2,)))
+
+
+def _check(q, k, v, bounds, *, scale=None, seed=None, variants=None, fn=None):
+    d = q.shape[-1]
+    scale = float(d ** -0.5) if scale is None else scale
+    ro, rl = reference(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), bounds, scale)
+    empty = ~np.isfinite(rl)
+    atol, rtol = TOL[jnp.dtype(q.dtype).type]
+    runs = [("fn", fn)] if fn is not None else [(f"variant={var}", var) for var in (variants or VARIANTS)]
+    for label, what in runs:
+        if fn is not None:
+            out, lse = fn(q, k, v, jnp.asarray(bounds))
+        else:
+            out, lse = _cuda.forward(q, k, v, jnp.asarray(bounds), scale=scale, variant=what)
+        out = np.asarray(out.astype(jnp.float32))
+        lse = np.asarray(lse)
+        msg = f"seed={seed} {label} q={q.shape} k={k.shape} bounds={np.shape(bounds)} dtype={q.dtype}"
+        assert out.shape == q.shape and out.dtype == np.float32
+        assert lse.shape == q.shape[:3] and lse.dtype == np.float32
+        assert not np.isnan(out).any(), msg
+        assert not np.isnan(lse).any(), msg
+        # fully masked rows: exactly 0 and -inf
+        assert np.all(lse[empty] == -np.inf), msg
+        assert np.all(out[empty] == 0.0), msg
+        assert np.all(np.isfinite(lse[~empty])), msg
+        np.testing.assert_allclose(out, ro, atol=atol, rtol=rtol, err_msg=msg)
+        np.testing.assert_allclose(lse[~empty], rl[~empty], atol=2e-3, rtol=2e-3, err_msg=msg)
+
+
+# --------------------------------------------------------------------------- the 12 families
+
+
+def _suite(S, seed, batch=1):
+    masks = pytest.importorskip("jax_flashmask.masks")
+    suite = masks.benchmark_suite(S, seed, batch=batch)
+    return {name: np.asarray(masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S))
+            for name, m in suite.items()}
+
+
+@pytest.mark.parametrize("S", [1000, 2048])
+def test_mask_families(S):
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B = 1 if S < 2048 else 2  # 2 x 16 x 8 = 256 query tiles: the persistent grid loops
+    suite = _suite(S, seed, B)
+    assert len(suite) == 12
+    q, k, v = _inputs(rng, B, S, S, 8, 2, 128, jnp.bfloat16)
+    for name, b in suite.items():
+        _check(q, k, v, b, seed=f"{seed} mask={name}")
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_head_dims_dtypes(d, dtype):
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 300, 333
+    q, k, v = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
+    _check(q, k, v, random_bounds(rng, 2, 2, Sq, Sk), seed=seed)
+    _check(q, k, v, causal_bounds(2, 1, Sq, Sk), seed=seed)
+
+
+@pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (8, 2, 8), (8, 1, 1), (6, 3, 3)])
+def test_gqa_mqa_mask_heads(N, K, Hm):
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 200, 260
+    q, k, v = _inputs(rng, 1, Sq, Sk, N, K, 128, jnp.bfloat16)
+    _check(q, k, v, random_bounds(rng, 1, Hm, Sq, Sk), seed=seed)
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (1, 129), (127, 127), (129, 1000), (1000, 129), (256, 512),
+                                   (513, 64), (65, 1)])
+@pytest.mark.parametrize("d", [64, 256])
+def test_ragged_lengths(Sq, Sk, d):
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 1, Sq, Sk, 2, 1, d, jnp.float16)
+    _check(q, k, v, random_bounds(rng, 1, 1, Sq, Sk), seed=seed)
+    _check(q, k, v, causal_bounds(1, 1, Sq, Sk), seed=seed)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_persistent_many_tiles(d):
+    """More query tiles than SMs, so each persistent CTA walks several tiles."""
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, S, N, K = 2, 1500, 12, 4
+    q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
+    _check(q, k, v, causal_bounds(B, 1, S, S), seed=seed)
+    _check(q, k, v, random_bounds(rng, B, N, S, S), seed=seed)
+
+
+def test_fully_masked_rows():
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 300, 400
+    q, k, v = _inputs(rng, 1, Sq, Sk, 2, 2, 128, jnp.bfloat16)
+    b = np.zeros((1, 1, 4, Sk), np.int32)
+    b[:, :, 0], b[:, :, 1] = 10, 150  # rows 10..149 masked for every column
+    b[:, :, 2], b[:, :, 3] = 290, 300  # and rows 290..299
+    _check(q, k, v, b, seed=seed)
+    everything = np.zeros((1, 1, 4, Sk), np.int32)
+    everything[:, :, 1] = Sq
+    for var in VARIANTS:
+        out, lse = _cuda.forward(q, k, v, jnp.asarray(everything), scale=0.1, variant=var)
+        assert np.all(np.asarray(out.astype(jnp.float32)) == 0.0)
+        assert np.all(np.asarray(lse) == -np.inf)
+
+
+def test_batch_and_scale():
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 3, 190, 250, 4, 4, 64, jnp.bfloat16)
+    _check(q, k, v, random_bounds(rng, 3, 4, 190, 250), scale=0.3, seed=seed)
+
+
+def test_jit_and_vmap():
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 2, 160, 200, 4, 2, 128, jnp.bfloat16)
+    b = random_bounds(rng, 2, 2, 160, 200)
+    f = jax.jit(lambda q, k, v, b: _cuda.forward(q, k, v, b, scale=128 ** -0.5))
+    _check(q, k, v, b, seed=seed, fn=f)
+    # vmap over a leading axis: each slice is its own [1, ...] problem
+    vf = jax.jit(jax.vmap(lambda q, k, v, b: _cuda.forward(q[None], k[None], v[None], b[None],
+                                                           scale=128 ** -0.5)))
+    out, lse = vf(q, k, v, jnp.asarray(b))
+    ro, rl = f(q, k, v, jnp.asarray(b))
+    np.testing.assert_array_equal(np.asarray(out[:, 0].astype(jnp.float32)), np.asarray(ro.astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(lse[:, 0]), np.asarray(rl))
+
+
+def test_variant_one_consumer_warpgroup():
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 1, 500, 700, 4, 2, 128, jnp.bfloat16)
+    _check(q, k, v, random_bounds(rng, 1, 2, 500, 700), seed=seed, variants=(1,))
+    _check(q, k, v, causal_bounds(1, 1, 500, 700), seed=seed, variants=(1,))
+
+
+def test_check_supported_errors():
+    with pytest.raises(NotImplementedError):
+        _cuda.check_supported((1, 8, 2, 96), jnp.bfloat16, 96)
+    with pytest.raises(NotImplementedError):
+        _cuda.check_supported((1, 8, 2, 128), jnp.float32, 128)
+    _cuda.check_supported((1, 8, 2, 128), jnp.bfloat16, 128)
