@@ -14,7 +14,7 @@ import jax_flashmask as jf
 from jax_flashmask import _xla, masks
 from jax_flashmask.attention import RESIDUAL_NAMES
 
-TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2, jnp.float16: 5e-3}
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}  # relative, measured ~4e-7 / 2.5e-3 / 3e-4
 
 
 def rel_err(a, b):
@@ -63,7 +63,7 @@ def check_against_reference(rng, q, k, v, ind, causal, tol):
     assert rel_err(np.where(finite, lse, 0), np.where(finite, lse_r, 0)) < tol
     for g, g_r in zip(grads, grads_r):
         assert g.dtype == q.dtype
-        assert rel_err(g, g_r) < tol * 5
+        assert rel_err(g, g_r) < tol * 2
 
 
 @pytest.mark.parametrize("name", masks.benchmark_suite(64).keys() if hasattr(masks, "benchmark_suite") else [])
@@ -243,6 +243,17 @@ def test_cuda_request_without_gpu_is_clear():
     q, k, v = make_qkv(np.random.default_rng(), 1, 8, 8, 1, 1, 8, jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="implementation='cuda' is not available"):
         jf.attention(q, k, v, implementation="cuda")
+
+
+def test_cuda_unsupported_options_are_named():
+    """The kernel's limits are checked in Python (no GPU needed), before anything is lowered."""
+    from jax_flashmask import _cuda
+
+    with pytest.raises(NotImplementedError, match="head dims"):
+        _cuda.check_supported((1, 8, 2, 96), jnp.bfloat16, 96)
+    with pytest.raises(NotImplementedError, match="bfloat16 or float16"):
+        _cuda.check_supported((1, 8, 2, 128), jnp.float32, 128)
+    _cuda.check_supported((1, 8, 2, 128), jnp.bfloat16, 128)  # supported: no error
 
 
 # ---------------------------------------------------------------------------------------------
