@@ -16,7 +16,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-__all__ = ["is_available", "unavailable_reason", "check_supported", "forward", "FWD_TARGET"]
+__all__ = ["is_available", "unavailable_reason", "check_supported", "forward", "FWD_TARGET",
+           "backward", "check_supported_backward", "BWD_TARGET"]
 
 FWD_TARGET = "jax_flashmask_fwd_sm90"
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -151,3 +152,96 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None):
     call = jax.ffi.ffi_call(FWD_TARGET, out_types, vmap_method="broadcast_all")
     out, lse, _ = call(q, k, v, bounds, scale=np.float32(scale), variant=np.int32(variant))
     return out, lse
+
+
+# --------------------------------------------------------------------------------------- backward
+
+BWD_TARGET = "jax_flashmask_bwd_sm90"
+BWD_HEAD_DIMS = (64, 128)  # cc/sm90/bwd_aux.cu dispatch; d=256 not yet compiled
+_BWD_BLOCK_M = 64   # query rows per tile (row-statistics padding), cc/sm90/params.h kBwdBlockM
+_BWD_BLOCK_N = 128  # keys per CTA (metadata granularity), kBwdBlockN
+
+
+def _bwd_compiled_configs():
+    mod, _ = _load()
+    cfg = getattr(mod, "backward_configs", None) if mod is not None else None
+    return tuple(c for c in str(cfg).split(",") if c) if cfg is not None else ()
+
+
+def check_supported_backward(q_shape, q_dtype, head_dim) -> None:
+    """Raise NotImplementedError / ValueError for problems the backward kernel does not handle."""
+    check_supported(q_shape, q_dtype, head_dim)
+    if int(head_dim) not in BWD_HEAD_DIMS:
+        raise NotImplementedError(
+            f"the CUDA backward supports head dims {BWD_HEAD_DIMS}, not {head_dim}")
+    dt = jnp.dtype(q_dtype)
+    name = "bf16" if dt == jnp.dtype(jnp.bfloat16) else "fp16"
+    cfg = _bwd_compiled_configs()
+    if f"{name}_d{int(head_dim)}" not in cfg:
+        raise NotImplementedError(
+            f"the CUDA backward is not compiled for {name}, d={head_dim} (compiled: {cfg})")
+
+
+# dQ reduction over key blocks: 1 = each CTA's 64 x d fp32 tile goes through smem into one
+# cp.reduce.async.bulk add (default), 0 = float2 atomics from registers (kept for comparison).
+BWD_DQ_MODES = (0, 1)
+DEFAULT_BWD_DQ_MODE = 1
+
+
+def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
+                           dq_mode: int | None = None):
+    """FlashMask backward on Hopper: (dq, dk, dv) in the inputs' dtypes.
+
+    Same arguments as the forward plus out [B,Sq,N,d], lse float32 [B,Sq,N] (as the forward returns
+    them), dout (cotangent of out) and dlse (cotangent of lse; None = zeros). Math of
+    `_xla.backward`: D = rowsum(dO * O) - dlse, dS = P * (dP - D); fully masked rows get zero
+    gradients. `backward` (below) adds the portable fallback for configurations not compiled.
+    """
+    mod, reason = _load()
+    if mod is None:
+        raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
+    B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
+    check_supported_backward(q.shape, q.dtype, d)
+    if out.shape != q.shape or dout.shape != q.shape:
+        raise ValueError(f"out {out.shape} and dout {dout.shape} must match q {q.shape}")
+    if lse.shape != (B, Sq, N):
+        raise ValueError(f"lse must be [B, Sq, N] = {(B, Sq, N)}; got {lse.shape}")
+    dq_mode = DEFAULT_BWD_DQ_MODE if dq_mode is None else int(dq_mode)
+    if dq_mode not in BWD_DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
+    bounds = bounds.astype(jnp.int32)
+    out = out.astype(q.dtype)
+    dout = dout.astype(q.dtype)
+    lse = lse.astype(jnp.float32)
+    dlse = jnp.zeros((B, Sq, N), jnp.float32) if dlse is None else dlse.astype(jnp.float32)
+    sq_pad = -(-Sq // _BWD_BLOCK_M) * _BWD_BLOCK_M
+    nblk = -(-Sk // _BWD_BLOCK_N)
+    out_types = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
+        jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
+        jax.ShapeDtypeStruct((B, Hm, 8, nblk), jnp.int32),     # block-metadata workspace
+    )
+    call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")
+    dq, dk, dv, _, _, _ = call(q, k, v, bounds, out, lse, dout, dlse, scale=np.float32(scale),
+                               dq_mode=np.int32(dq_mode))
+    return dq, dk, dv
+
+
+def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
+                            dq_mode: int | None = None):
+    """The kernel where it is compiled for (dtype, d); the portable `_xla.backward` elsewhere
+    (e.g. d=256), so that a CUDA forward never makes training fail in the backward."""
+    try:
+        check_supported_backward(q.shape, q.dtype, q.shape[-1])
+    except NotImplementedError:
+        from . import _xla
+        return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale)
+    return _backward_kernel(q, k, v, bounds, out, lse, dout, dlse, scale=scale, dq_mode=dq_mode)
+
+
+# Enabled after the GPU backward tests passed on an H200 (2026-11-29 23:36 UTC: 26/26 of
+# tests/gpu/test_cuda_backward.py, memcheck clean). attention.py picks `backward` for its custom_vjp.
+backward = _backward_with_fallback

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "handlers.h"
+#include "../sm90/params.h"
 
 namespace nb = nanobind;
 
@@ -12,6 +13,7 @@ NB_MODULE(_flashmask_cuda, m) {
   m.def("registrations", []() {
     nb::dict d;
     d["jax_flashmask_fwd_sm90"] = nb::capsule(reinterpret_cast<void*>(&JfmFlashmaskFwdSm90));
+    d["jax_flashmask_bwd_sm90"] = nb::capsule(reinterpret_cast<void*>(&JfmFlashmaskBwdSm90));
     return d;
   });
   m.def("cuda_runtime_version", []() {
@@ -21,4 +23,6 @@ NB_MODULE(_flashmask_cuda, m) {
   });
   // forward kernel variants compiled in (see jax_flashmask/_cuda.py)
   m.attr("forward_variants") = nb::make_tuple(1, 2, 3);
+  // backward configurations compiled in, "dtype_dHEAD" (see jax_flashmask/_cuda.py)
+  m.attr("backward_configs") = nb::str(jfm::bwd_compiled_configs());
 }

@@ -35,4 +35,39 @@ int fwd_block_n(int d);
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
                             cudaStream_t stream);
 
+
+// ---------------------------------------------------------------------------------------------
+// Backward (bwd_*.cu). Column-parallel: one CTA per (key block of 128, kv head, batch); it walks
+// the query heads of its GQA group and their non-skipped 64-row query tiles.
+struct BwdParams {
+  const void* q;        // [B, Sq, N, d]
+  const void* k;        // [B, Sk, K, d]
+  const void* v;        // [B, Sk, K, d]
+  const int32_t* bounds;  // [B, Hm, 4, Sk]
+  const void* o;        // [B, Sq, N, d]
+  const float* lse;     // [B, Sq, N]  natural log, -inf for fully masked rows
+  const void* dout;     // [B, Sq, N, d]
+  const float* dlse;    // [B, Sq, N]  cotangent of lse
+  void* dq;             // [B, Sq, N, d]
+  void* dk;             // [B, Sk, K, d]
+  void* dv;             // [B, Sk, K, d]
+  float* dq_accum;      // workspace [B, N, Sq_pad, d] float32 (zeroed by the launcher)
+  int64_t dq_accum_capacity;
+  float* rowstats;      // workspace [2, B, N, Sq_pad]: lse*log2(e) (+inf for empty rows), D
+  int64_t rowstats_capacity;
+  int32_t* meta;        // workspace [B, Hm, 8, ceil(Sk / 128)]
+  int64_t meta_capacity;
+  int B, Sq, Sk, N, K, Hm, d;
+  float scale;
+  DType dtype;
+  int dq_mode;          // 1: dQ tiles reduced by cp.reduce.async.bulk (default); 0: float2 atomics
+};
+
+constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this)
+constexpr int kBwdBlockN = 128;  // keys per CTA (metadata granularity of the backward)
+
+cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err);
+// Comma-separated list of the compiled backward configurations, e.g. "bf16_d128,fp16_d128".
+const char* bwd_compiled_configs();
+
 }  // namespace jfm

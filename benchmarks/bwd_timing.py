@@ -1,0 +1,125 @@
+"""Quick timing of the sm_90a backward kernel against cuDNN's backward (same run).
+
+Protocol as benchmarks/kernel_timing.py: bf16, H=32, d=128, B = tokens/S. Ours: the backward
+custom call alone (forward outputs precomputed). cuDNN: jax.vjp of dot_product_attention(cudnn),
+fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward FlashMask convention
+4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
+Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jax_flashmask import _cuda, masks
+
+_bwd = _cuda.backward
+
+
+def timeit(f, *args, iters=10, warmup=2):
+    for _ in range(warmup):
+        jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), min(ts)
+
+
+def small_cases():
+    """A few small launches (both dQ modes, d 64/128, ragged, GQA) for compute-sanitizer."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for (Sq, Sk, N, K, d, dt) in [(129, 200, 4, 2, 128, jnp.bfloat16), (70, 333, 2, 1, 64, jnp.float16)]:
+        q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
+        k = jnp.asarray(rng.standard_normal((1, Sk, K, d)), dt)
+        do = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
+        b = np.zeros((1, 1, 4, Sk), np.int32)
+        b[:, :, 0] = rng.integers(0, Sq + 1, Sk)
+        b[:, :, 1] = Sq
+        b = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, k, b, scale=0.1)
+        for mode in (1, 0):
+            jax.block_until_ready(_bwd(q, k, k, b, out, lse, do, None, scale=0.1, dq_mode=mode))
+    print("sanitize case done", flush=True)
+
+
+def main():
+    if "--small" in sys.argv:
+        return small_cases()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=[8192])
+    ap.add_argument("--masks", nargs="+", default=["full", "causal"])
+    ap.add_argument("--tokens", type=int, default=131072)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--dq-modes", type=int, nargs="+", default=[1])
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    dtype = jnp.bfloat16
+    rows = []
+    for S in a.seqs:
+        B = max(1, a.tokens // S)
+        H, d = a.heads, a.d
+        scale = d ** -0.5
+        kq, kk, kv, kd = jax.random.split(jax.random.PRNGKey(S), 4)
+        q = jax.random.normal(kq, (B, S, H, d), dtype)
+        k = jax.random.normal(kk, (B, S, H, d), dtype)
+        v = jax.random.normal(kv, (B, S, H, d), dtype)
+        do = jax.random.normal(kd, (B, S, H, d), dtype)
+        suite = masks.benchmark_suite(S, 0, batch=B)
+        for name in a.masks:
+            m = suite[name]
+            bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
+            rho = float(masks.block_sparsity(m, S, 128))
+            flops = 2.5 * 4.0 * B * H * S * S * d * (1 - rho)
+            out, lse = jax.block_until_ready(_cuda.forward(q, k, v, bounds, scale=scale))
+            for mode in a.dq_modes:
+                f = jax.jit(lambda q, k, v, b, o, l, g, mode=mode: _bwd(
+                    q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode))
+                try:
+                    t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)
+                    r = dict(impl=f"flashmask_bwd_dq{mode}", S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                             ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"ours S={S} {name} dq_mode={mode}: FAILED {e}", flush=True)
+            del out, lse
+            if a.cudnn and name in ("full", "causal"):
+                causal = name == "causal"
+                att = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
+                    q, k, v, is_causal=causal, implementation="cudnn")
+                fwd = jax.jit(att)
+                fb = jax.jit(lambda q, k, v, g: jax.vjp(att, q, k, v)[1](g))
+                try:
+                    tf, _ = timeit(fwd, q, k, v, iters=a.iters)
+                    tfb, _ = timeit(fb, q, k, v, do, iters=a.iters)
+                    t = tfb - tf
+                    r = dict(impl="cudnn_bwd", S=S, B=B, H=H, d=d, mask=name, rho=rho, ms=t * 1e3,
+                             ms_fwd_bwd=tfb * 1e3, tflops_fm=flops / t / 1e12)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"cudnn {name} S={S}: FAILED {e}", flush=True)
+        del q, k, v, do
+    print("\nimpl                 mask       ms      TFLOP/s")
+    for r in rows:
+        print(f"{r['impl']:20s} {r['mask']:9s} {r['ms']:8.2f} {r['tflops_fm']:8.1f}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+// Backward helpers around the main kernel: row statistics (lse in log2 units, D = rowsum(dO * O)
+// - dlse) before it, dQ conversion (fp32 workspace * scale -> input dtype) after it, and the
+// dispatch over the compiled (dtype, head dim) configurations.
+#include <cmath>
+#include <algorithm>
+#include <climits>
+#include <cutlass/array.h>
+#include <cutlass/numeric_types.h>
+#include "bwd_launch.cuh"
+#include "params.h"
+
+namespace jfm {
+namespace sm90 {
+namespace {
+
+constexpr int kPrepThreads = 256;  // 8 warps, one row (b, i, h) per warp
+
+template <class Elem>
+__global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
+    const Elem* __restrict__ o, const Elem* __restrict__ dout, const float* __restrict__ lse,
+    const float* __restrict__ dlse, float* __restrict__ lse2, float* __restrict__ delta, int B,
+    int Sq, int N, int d, int sq_pad) {
+  const int64_t row = (int64_t)blockIdx.x * (kPrepThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t rows = (int64_t)B * N * sq_pad;
+  if (row >= rows) return;
+  // output row order [B, N, sq_pad]
+  const int i = (int)(row % sq_pad);
+  const int64_t bh = row / sq_pad;
+  const int h = (int)(bh % N), b = (int)(bh / N);
+  if (i >= Sq) {
+    if (lane == 0) { lse2[row] = INFINITY; delta[row] = 0.f; }
+    return;
+  }
+  const int64_t src = ((int64_t)b * Sq + i) * N + h;
+  const Elem* orow = o + src * d;
+  const Elem* grow = dout + src * d;
+  float acc = 0.f;
+  for (int c = 2 * lane; c < d; c += 64) {
+    const cutlass::Array<Elem, 2> x = *reinterpret_cast<const cutlass::Array<Elem, 2>*>(orow + c);
+    const cutlass::Array<Elem, 2> y = *reinterpret_cast<const cutlass::Array<Elem, 2>*>(grow + c);
+    acc = fmaf(static_cast<float>(x[0]), static_cast<float>(y[0]), acc);
+    acc = fmaf(static_cast<float>(x[1]), static_cast<float>(y[1]), acc);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    const float l = lse[src];
+    lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+    delta[row] = acc - dlse[src];
+  }
+}
+
+template <class Elem>
+__global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
+                                   int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
+  const int hp = d / 2;  // pairs per row
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < npairs;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    // output order [B, Sq, N, d/2]
+    const int c = (int)(t % hp);
+    int64_t r = t / hp;
+    const int h = (int)(r % N);
+    r /= N;
+    const int i = (int)(r % Sq);
+    const int64_t b = r / Sq;
+    const float2 x = *reinterpret_cast<const float2*>(acc + (((b * N + h) * sq_pad + i) * d + 2 * c));
+    cutlass::Array<Elem, 2> y;
+    y[0] = static_cast<Elem>(x.x * scale);
+    y[1] = static_cast<Elem>(x.y * scale);
+    reinterpret_cast<cutlass::Array<Elem, 2>*>(dq)[t] = y;
+  }
+}
+
+}  // namespace
+
+cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
+  const int64_t rows = (int64_t)p.B * p.N * sq_pad;
+  if (rows == 0) return cudaSuccess;
+  const int64_t blocks = (rows + kPrepThreads / 32 - 1) / (kPrepThreads / 32);
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  float* lse2 = p.rowstats;
+  float* delta = p.rowstats + rows;
+  if (p.dtype == DType::kBF16)
+    bwd_prep_kernel<cutlass::bfloat16_t><<<(unsigned)blocks, kPrepThreads, 0, stream>>>(
+        static_cast<const cutlass::bfloat16_t*>(p.o), static_cast<const cutlass::bfloat16_t*>(p.dout),
+        p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad);
+  else
+    bwd_prep_kernel<cutlass::half_t><<<(unsigned)blocks, kPrepThreads, 0, stream>>>(
+        static_cast<const cutlass::half_t*>(p.o), static_cast<const cutlass::half_t*>(p.dout),
+        p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad);
+  return cudaGetLastError();
+}
+
+cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
+  const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
+  if (npairs == 0) return cudaSuccess;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((npairs + threads - 1) / threads, 132 * 16);
+  if (p.dtype == DType::kBF16)
+    bwd_convert_kernel<cutlass::bfloat16_t><<<(unsigned)blocks, threads, 0, stream>>>(
+        p.dq_accum, static_cast<cutlass::bfloat16_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
+  else
+    bwd_convert_kernel<cutlass::half_t><<<(unsigned)blocks, threads, 0, stream>>>(
+        p.dq_accum, static_cast<cutlass::half_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+
+const char* bwd_compiled_configs() { return "bf16_d64,bf16_d128,fp16_d64,fp16_d128"; }
+
+cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err) {
+  using cutlass::bfloat16_t;
+  using cutlass::half_t;
+  if (p.B == 0 || p.N == 0 || p.Sk == 0) return cudaSuccess;
+  if (p.Sq == 0) {  // no queries: dK = dV = 0 (dQ is empty)
+    const size_t bytes = (size_t)p.B * p.Sk * p.K * p.d * 2;
+    cudaError_t e = cudaMemsetAsync(p.dk, 0, bytes, stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p.dv, 0, bytes, stream);
+    return e;
+  }
+  if (p.Sk < 0 || p.Sq < 0) {
+    if (err) *err = "flashmask sm90 backward: negative sequence length";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
+    if (err) *err = "flashmask sm90 backward: N must be a multiple of K and of Hm";
+    return cudaErrorInvalidValue;
+  }
+  const bool bf16 = p.dtype == DType::kBF16;
+  switch (p.d) {
+    case 64:
+      return bf16 ? sm90::launch_bwd<bfloat16_t, 64>(p, stream, err)
+                  : sm90::launch_bwd<half_t, 64>(p, stream, err);
+    case 128:
+      return bf16 ? sm90::launch_bwd<bfloat16_t, 128>(p, stream, err)
+                  : sm90::launch_bwd<half_t, 128>(p, stream, err);
+    default:
+      break;
+  }
+  if (err) *err = "flashmask sm90 backward: compiled for head dims 64 and 128 (bf16, fp16) only";
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace jfm

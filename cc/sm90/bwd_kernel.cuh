@@ -1,0 +1,468 @@
+// FlashMask-3 backward for Hopper (sm_90a), step 1 of SPEC section 3's path: column parallel, one
+// CTA per (key block of Bn = 128 keys, kv head, batch), two warpgroups (64 keys each), no warp
+// specialization. The CTA walks the query heads of its GQA group and, for each, the 64-row query
+// tiles that the block metadata does not skip (element mask only on partial tiles). Q and dO tiles
+// come by TMA into a 2-stage ring (thread 0 issues the loads two tiles ahead); K and V are loaded
+// once. Per tile, all on WGMMA:
+//   S^T  = K Q^T, dP^T = V dO^T           (64 x Bm per warpgroup, both operands from smem)
+//   P^T  = exp2(S^T * scale*log2e - lse2), dS^T = P^T (dP^T - D)
+//   dV  += P^T dO, dK += dS^T Q           (A = P^T / dS^T from registers, B = dO / Q from smem)
+//   dQ   = dS K                           (dS through smem; the two warpgroups split d), then
+//   fp32 atomics (float2) into the dq_accum workspace, converted by bwd_aux.cu.
+// dK and dV stay in registers over the whole walk and are written once (dK scaled).
+//
+// Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
+#pragma once
+
+#include "fwd_kernel.cuh"  // wgmma_gemm, fast_exp2, CuTe / CUTLASS includes
+#include "bwd_launch.cuh"
+
+namespace jfm::sm90 {
+
+template <class Elem_, int D_>
+struct BwdTraits {
+  using Elem = Elem_;
+  static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2, Stages = 2;
+  static constexpr int kThreads = 128 * NWG;
+  static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
+  static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
+
+  // Q / dO ring (Bm, D, Stages), K-major; their (D, Bm, Stages) MN-major views for dK / dV.
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<Bm>, Int<D>, Int<Stages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{},
+      make_ordered_layout(Shape<Int<D>, Int<Bm>, Int<Stages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutK =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bn>, Int<D>>{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
+  // dS (Bm queries, Bn keys), K-major (keys contiguous): A operand of dQ = dS K.
+  using SmemLayoutdS =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bm>, Int<Bn>>{}));
+
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<Bm>, Int<D>>>(),
+      Layout<Shape<Int<NWG>, _1, _1>>{}));
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<D>, Int<Bm>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<NWG>, _1, _1>>{}));
+  // dQ = dS K: for d = 128 the two warpgroups split d (64 columns each: one full 128-byte
+  // swizzle atom of the MN-major K^T view). For d = 64 a split would cut the swizzle atom in
+  // half, so both warpgroups run the same 64 x 64 GEMM and only warpgroup 0 stores it.
+  static constexpr int kDqWG = D >= 128 ? NWG : 1;
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<D / kDqWG>, Int<Bn>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kDqWG>, _1>>{}));
+
+  struct SharedStorage {
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> dO;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutdS>> ds;
+    alignas(128) float dq[Bm * D];     // dQ tile (row-major) for the bulk reduce-add
+    alignas(8) uint64_t full[Stages];  // Q + dO of a tile landed
+    alignas(8) uint64_t kv_full;       // K + V landed
+  };
+};
+
+struct BwdArgs {
+  const int32_t* bounds;
+  const int32_t* meta;
+  const float* lse2;   // [B, N, sq_pad]
+  const float* delta;  // [B, N, sq_pad]
+  float* dq_accum;     // [B, N, sq_pad, D]: a query tile's dQ is one contiguous block
+  void* dk;
+  void* dv;
+  int B, Sq, Sk, N, K, Hm;
+  int nblk, mblk, sq_pad;
+  int heads_per_kv, heads_per_mask;
+  float scale, scale_log2;
+  int dq_bulk;  // 1: dQ tile -> smem -> one cp.reduce.async.bulk add; 0: float2 atomics
+};
+
+// Advances (g, m) -- head g of the kv group, query tile m -- to the first tile at or after it that
+// key block n does not skip (SPEC section 3 classification on the block metadata). Uniform over
+// the CTA. Returns false when the walk is over.
+template <int Bm, int Bn>
+__device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, int n, int& g,
+                                              int& m, bool& partial) {
+  const bool ragged = (n + 1) * Bn > a.Sk;
+  for (; g < a.heads_per_kv; ++g, m = 0) {
+    const int h = hk * a.heads_per_kv + g;
+    const int hm = h / a.heads_per_mask;
+    const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
+    const int lts_mn = __ldg(mt + 0 * a.nblk), lts_mx = __ldg(mt + 1 * a.nblk);
+    const int lte_mn = __ldg(mt + 2 * a.nblk), lte_mx = __ldg(mt + 3 * a.nblk);
+    const int uts_mn = __ldg(mt + 4 * a.nblk), uts_mx = __ldg(mt + 5 * a.nblk);
+    const int ute_mn = __ldg(mt + 6 * a.nblk), ute_mx = __ldg(mt + 7 * a.nblk);
+    for (; m < a.mblk; ++m) {
+      const int ms = m * Bm, me = min(ms + Bm, a.Sq);
+      const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+      if (skip) continue;
+      partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
+      return true;
+    }
+  }
+  return false;
+}
+
+template <class T, class TmaQ, class TmaK>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    flashmask_bwd_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
+                         CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
+                         CUTE_GRID_CONSTANT TmaK const tma_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm;
+  using Storage = typename T::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    Barrier::init(&ss.full[0], 1);
+    Barrier::init(&ss.full[1], 1);
+    Barrier::init(&ss.kv_full, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
+
+  // ---- walk state: every thread walks (g, m); thread 0 also runs the prefetch walk ----
+  int g = 0, m = 0;
+  bool partial = false;
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  int pg = g, pm = m;
+  bool pp = false, phave = have;
+
+  Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+  Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+  auto issue_tile = [&](int gg, int mm, int stage) {
+    const int h = hk * a.heads_per_kv + gg;
+    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+    Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+    auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));
+    auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO),
+                                      group_modes<0, 2>(gdO));
+    Barrier::arrive_and_expect_tx(&ss.full[stage], 2 * Bm * D * sizeof(Elem));
+    copy(tma_q.with(ss.full[stage]), tQg(_, mm), tQs(_, stage));
+    copy(tma_do.with(ss.full[stage]), tdOg(_, mm), tdOs(_, stage));
+  };
+
+  if (tid == 0) {
+    Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+    Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+    Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+    Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+    auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                    group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                    group_modes<0, 2>(gV));
+    if (have) {
+      Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+      copy(tma_k.with(ss.kv_full), tKg, tKs);
+      copy(tma_v.with(ss.kv_full), tVg, tVs);
+    }
+    CUTE_UNROLL
+    for (int s = 0; s < T::Stages; ++s) {
+      if (phave) {
+        issue_tile(pg, pm, s);
+        ++pm;
+        phave = bwd_find_kept<Bm, Bn>(a, b, hk, n, pg, pm, pp);
+      }
+    }
+  }
+  __syncwarp();  // warp 0 reconverges before the .aligned wgmma instructions
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? tid : tid % 128);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  // Coordinates of this thread's accumulator elements (wgmma m64nNk16 C layout): element
+  // e = 4*kk + 2*i + j of a 64 x N tile sits at row 16*warp_in_wg + lane/4 + 8*i, column
+  // 8*kk + 2*(lane%4) + j. (Identity-tensor partitions were hoisted out of the loop by the
+  // compiler and cost ~600 bytes of spills.) S^T, dK, dV: warpgroup w owns rows 64*w..;
+  // dQ: warpgroup w owns columns w*D/2.. (tiled (1, 2, 1)).
+  const int wg = tid / 128, lane = tid % 32;
+  const int row_base = 16 * ((tid / 32) % 4) + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  static_assert(decltype(size(tSrS))::value == Bm / 2, "unexpected S fragment");
+  static_assert(decltype(size(tPrP))::value == Bm / 2, "unexpected P fragment");
+  static_assert(decltype(size(tdKrdK))::value == D / 2, "unexpected dK fragment");
+
+  clear(tdVrdV);
+  clear(tdKrdK);
+  const float sl2 = a.scale_log2;
+  // This thread's two keys (rows of S^T): element e = 4*kk + 2*i + j belongs to key i.
+  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
+
+  if (have) Barrier::wait(&ss.kv_full, 0);
+  int it = 0;
+  while (have) {
+    // Launder the per-thread coordinates: derived addresses (dS stores, dQ atomics) are then
+    // recomputed each iteration instead of being hoisted into ~60 live registers (spills).
+    int row_b, col_b, wg_b;
+    asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
+    asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
+    asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
+    const int stage = it & 1;
+    const int h = hk * a.heads_per_kv + g;
+    const int ms = m * Bm;
+    const float* l2p = a.lse2 + ((int64_t)b * a.N + h) * a.sq_pad + ms;
+    const float* dlp = a.delta + ((int64_t)b * a.N + h) * a.sq_pad + ms;
+
+    Barrier::wait(&ss.full[stage], (it >> 1) & 1);
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+
+    // element mask (partial tiles only): bounds of this thread's two keys for this mask head
+    int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
+    bool koob[2] = {false, false};
+    if (partial) {
+      const int hm = h / a.heads_per_mask;
+      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int j = i == 0 ? key0 : key1;
+        koob[i] = j >= a.Sk;
+        if (!koob[i]) {
+          lts[i] = __ldg(bnd + j);
+          lte[i] = __ldg(bnd + a.Sk + j);
+          uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+          ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+        }
+      }
+    }
+
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    // P^T = exp2(S^T * scale * log2(e) - lse2); masked -> 0 (lse2 = +inf on empty/padded rows)
+    CUTE_UNROLL
+    for (int kk = 0; kk < Bm / 8; ++kk) {
+      // row statistics of this thread's query columns (padded to sq_pad: no bounds check)
+      const float2 l2 = __ldg(reinterpret_cast<const float2*>(l2p + 8 * kk + col_b));
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int e = 4 * kk + 2 * i + j;
+          float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+          if (partial) {
+            const int q = ms + 8 * kk + col_b + j;
+            const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+            if (masked) p = 0.f;
+          }
+          tSrS(e) = p;
+        }
+      }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrdP);
+    CUTE_UNROLL
+    for (int kk = 0; kk < Bm / 8; ++kk) {
+      const float2 dd = __ldg(reinterpret_cast<const float2*>(dlp + 8 * kk + col_b));
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int e = 4 * kk + 2 * i + j;
+          const float p = tSrS(e);
+          const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+          tPrP(e) = static_cast<Elem>(p);
+          tPrdS(e) = static_cast<Elem>(ds);
+        }
+      }
+    }
+    // dV += P^T dO
+    wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, stage), tdVrdV);
+    // dS^T -> smem as dS (query, key)
+    CUTE_UNROLL
+    for (int e = 0; e < size(tPrdS); ++e)
+      sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2)) = tPrdS(e);
+    // dK += dS^T Q
+    wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, stage), tdKrdK);
+#ifdef JFM_BWD_DQ_NO_OVERLAP
+    warpgroup_wait<0>();  // dV / dK GEMMs done before the dQ GEMM is issued
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdKrdK);
+#endif
+    cutlass::arch::fence_view_async_shared();
+    // the previous tile's bulk reduce has finished reading sdQ before anyone rewrites it
+    if (tid == 0 && a.dq_bulk) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    __syncthreads();  // dS complete in smem
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+    wgmma_gemm<true, -1, false>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdQrdQ);
+    warpgroup_fence_operand(tPrP);
+    warpgroup_fence_operand(tPrdS);
+    // dQ (unscaled) -> fp32 workspace [B, N, sq_pad, D] (padded rows get zeros: dS = 0 there)
+    float* dqa = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
+    const bool dq_store = T::kDqWG == T::NWG || wg_b == 0;
+    const int dq_col0 = T::kDqWG == T::NWG ? wg_b * (D / T::NWG) : 0;
+    if (a.dq_bulk) {
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        if (!dq_store) continue;
+        const int r = row_b + 8 * ((e / 2) % 2);
+        const int c = dq_col0 + 8 * (e / 4) + col_b;
+        *reinterpret_cast<float2*>(&ss.dq[r * D + c]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+      }
+      cutlass::arch::fence_view_async_shared();
+    } else if (dq_store) {
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        const int r = row_b + 8 * ((e / 2) % 2);
+        const int c = dq_col0 + 8 * (e / 4) + col_b;
+        atomicAdd(reinterpret_cast<float2*>(dqa + r * D + c), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+      }
+    }
+    __syncthreads();  // every read of this stage's Q / dO and of sdS is done
+    if (tid == 0 && a.dq_bulk) {
+      asm volatile(
+          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dqa),
+          "r"(cute::cast_smem_ptr_to_uint(&ss.dq[0])), "r"((int)(Bm * D * sizeof(float)))
+          : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+    if (tid == 0 && phave) {
+      issue_tile(pg, pm, stage);
+      ++pm;
+      phave = bwd_find_kept<Bm, Bn>(a, b, hk, n, pg, pm, pp);
+    }
+    __syncwarp();
+    ++it;
+    ++m;
+    have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  }
+
+  if (tid == 0 && a.dq_bulk) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  // Epilogue: dK * scale, dV, in the input dtype (rows past Sk are dropped).
+  Elem* dk = reinterpret_cast<Elem*>(a.dk);
+  Elem* dv = reinterpret_cast<Elem*>(a.dv);
+  CUTE_UNROLL
+  for (int e = 0; e < size(tdKrdK); e += 2) {
+    const int j = n * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
+    const int c = 8 * (e / 4) + col_base;
+    if (j < a.Sk) {
+      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
+      cutlass::Array<Elem, 2> pk, pv;
+      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
+      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
+      pv[0] = static_cast<Elem>(tdVrdV(e));
+      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
+    }
+  }
+#endif
+}
+
+template <class Elem, int D>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
+  using T = BwdTraits<Elem, D>;
+  constexpr int Bm = T::Bm, Bn = T::Bn;
+  const int nblk = (p.Sk + Bn - 1) / Bn;
+  const int mblk = (p.Sq + Bm - 1) / Bm;
+  const int sq_pad = mblk * Bm;
+  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * nblk ||
+      p.rowstats_capacity < 2 * (int64_t)p.B * p.N * sq_pad ||
+      p.dq_accum_capacity < (int64_t)p.B * p.N * sq_pad * D) {
+    if (err) *err = "flashmask sm90 backward: workspace too small";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K > 65535 || p.B > 65535) {
+    if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
+    return cudaErrorInvalidValue;
+  }
+  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
+  const size_t smem = sizeof(typename T::SharedStorage);
+
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
+  if (e != cudaSuccess) return e;
+  e = bwd_prep_sm90(p, sq_pad, stream);
+  if (e != cudaSuccess) return e;
+  e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * D, stream);
+  if (e != cudaSuccess) return e;
+
+  const Elem* q = reinterpret_cast<const Elem*>(p.q);
+  const Elem* dout = reinterpret_cast<const Elem*>(p.dout);
+  const Elem* k = reinterpret_cast<const Elem*>(p.k);
+  const Elem* v = reinterpret_cast<const Elem*>(p.v);
+  auto qstride = make_stride((int64_t)p.N * D, _1{}, (int64_t)D, (int64_t)p.Sq * p.N * D);
+  auto kstride = make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D);
+  Tensor mQ = make_tensor(make_gmem_ptr(q), make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mdO = make_tensor(make_gmem_ptr(dout), make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mK = make_tensor(make_gmem_ptr(k), make_shape(p.Sk, D, p.K, p.B), kstride);
+  Tensor mV = make_tensor(make_gmem_ptr(v), make_shape(p.Sk, D, p.K, p.B), kstride);
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
+                             Shape<Int<Bm>, Int<D>>{}, _1{});
+  auto tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}),
+                              Shape<Int<Bm>, Int<D>>{}, _1{});
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{},
+                             Shape<Int<Bn>, Int<D>>{}, _1{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{},
+                             Shape<Int<Bn>, Int<D>>{}, _1{});
+
+  BwdArgs a;
+  a.bounds = p.bounds;
+  a.meta = p.meta;
+  a.lse2 = p.rowstats;
+  a.delta = p.rowstats + (int64_t)p.B * p.N * sq_pad;
+  a.dq_accum = p.dq_accum;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.B = p.B; a.Sq = p.Sq; a.Sk = p.Sk; a.N = p.N; a.K = p.K; a.Hm = p.Hm;
+  a.nblk = nblk; a.mblk = mblk; a.sq_pad = sq_pad;
+  a.heads_per_kv = p.N / p.K;
+  a.heads_per_mask = p.N / p.Hm;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
+
+  auto kernel = &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  dim3 grid(nblk, p.K, p.B);
+  kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return bwd_convert_dq_sm90(p, sq_pad, stream);
+}
+
+}  // namespace jfm::sm90

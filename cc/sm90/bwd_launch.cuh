@@ -1,0 +1,16 @@
+// Declarations shared by the backward pieces: the templated main-kernel launcher (defined in
+// bwd_kernel.cuh, instantiated one (dtype, d) per file under inst/) and the small kernels of
+// bwd_aux.cu (row statistics before, dQ conversion after).
+#pragma once
+#include "params.h"
+
+namespace jfm::sm90 {
+template <class Elem, int D>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err);
+
+// rowstats[0] = lse * log2(e) (+inf for fully masked and padded rows), rowstats[1] =
+// rowsum(dO * O) - dlse (0 on padded rows); both [B, N, sq_pad].
+cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
+// dq [B, Sq, N, d] = dq_accum [B, N, sq_pad, d] * scale, in the input dtype.
+cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
+}  // namespace jfm::sm90

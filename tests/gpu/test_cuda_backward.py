@@ -1,0 +1,306 @@
+"""GPU tests of the sm_90a FlashMask backward kernel (jax_flashmask._cuda backward).
+
+Skipped unless the compiled extension, a Hopper GPU and a compiled backward configuration are
+present. dq/dk/dv (and the lse cotangent path) are compared against a dense float64 NumPy
+reference on the upcast inputs, with fresh random inputs (the seed is printed on failure).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jax_flashmask import _cuda
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _cuda.is_available(), reason=f"CUDA kernels unavailable: {_cuda.unavailable_reason()}"),
+]
+
+_bwd = _cuda.backward
+
+
+def _seed():
+    return int(np.random.SeedSequence().entropy % (2**32))
+
+
+def _compiled(dtype, d):
+    name = "bf16" if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else "fp16"
+    return f"{name}_d{d}" in _cuda._bwd_compiled_configs()
+
+
+def _need(dtype, d):
+    if _bwd is None or not _compiled(dtype, d):
+        pytest.skip(f"backward not compiled for {jnp.dtype(dtype).name} d={d}")
+
+
+def reference_grads(q, k, v, bounds, dout, dlse, scale):
+    """float64 (out, lse, dq, dk, dv); fully masked rows: out 0, lse -inf, zero gradients."""
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    dlse = np.asarray(dlse, np.float64)
+    bounds = np.asarray(bounds)
+    B, Sq, N, d = q.shape
+    Sk, K, Hm = k.shape[1], k.shape[2], bounds.shape[1]
+    G = N // K
+    kk = np.repeat(k, G, axis=2).transpose(0, 2, 1, 3)  # [B,N,Sk,d]
+    vv = np.repeat(v, G, axis=2).transpose(0, 2, 1, 3)
+    qt = q.transpose(0, 2, 1, 3)
+    dot = dout.transpose(0, 2, 1, 3)
+    s = np.matmul(qt, kk.transpose(0, 1, 3, 2)) * scale
+    i = np.arange(Sq)[None, None, :, None]
+    lts, lte, uts, ute = (bounds[:, :, c, None, :] for c in range(4))
+    masked = ((lts <= i) & (i < lte)) | ((uts <= i) & (i < ute))
+    masked = np.repeat(masked, N // Hm, axis=1)
+    s = np.where(masked, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    empty = ~np.isfinite(m)
+    p = np.where(masked, 0.0, np.exp(s - np.where(empty, 0.0, m)))
+    l = p.sum(-1, keepdims=True)
+    p = p / np.where(l > 0, l, 1.0)
+    out = np.matmul(p, vv)
+    lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)[..., 0]
+    dl = dlse.transpose(0, 2, 1)[..., None]  # [B,N,Sq,1]
+    dp = np.matmul(dot, vv.transpose(0, 1, 3, 2))
+    delta = (dot * out).sum(-1, keepdims=True) - dl
+    ds = p * (dp - delta)
+    dq = np.matmul(ds, kk) * scale
+    dk = np.matmul(ds.transpose(0, 1, 3, 2), qt) * scale
+    dv = np.matmul(p.transpose(0, 1, 3, 2), dot)
+    dk = dk.reshape(B, K, G, Sk, d).sum(2)
+    dv = dv.reshape(B, K, G, Sk, d).sum(2)
+    return (out.transpose(0, 2, 1, 3), lse.transpose(0, 2, 1), dq.transpose(0, 2, 1, 3),
+            dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3), empty[..., 0].transpose(0, 2, 1))
+
+
+def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
+    f = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32), dtype)  # noqa: E731
+    return f(B, Sq, N, d), f(B, Sk, K, d), f(B, Sk, K, d), f(B, Sq, N, d)
+
+
+def causal_bounds(B, Hm, Sq, Sk):
+    j = np.arange(Sk)
+    b = np.zeros((B, Hm, 4, Sk), np.int32)
+    b[:, :, 0] = Sq
+    b[:, :, 1] = Sq
+    b[:, :, 3] = np.clip(j - (Sk - Sq), 0, Sq)
+    return b
+
+
+def random_bounds(rng, B, Hm, Sq, Sk, p_unmasked=0.3):
+    lts = rng.integers(0, Sq + 1, (B, Hm, Sk))
+    lte = lts + rng.integers(0, Sq + 1, (B, Hm, Sk))
+    uts = rng.integers(0, Sq + 1, (B, Hm, Sk))
+    ute = uts + rng.integers(0, Sq // 2 + 1, (B, Hm, Sk))
+    b = np.stack([lts, np.minimum(lte, Sq), uts, np.minimum(ute, Sq)], axis=2)
+    free = rng.random((B, Hm, 1, Sk)) < p_unmasked
+    b = np.where(free, np.array([Sq, Sq, 0, 0])[None, None, :, None], b)
+    return b.astype(np.int32)
+
+
+def _relerr(x, ref):
+    x = np.asarray(x, np.float64)
+    den = np.linalg.norm(ref)
+    return np.linalg.norm(x - ref) / (den if den > 0 else 1.0)
+
+
+def _check(q, k, v, dout, bounds, *, scale=None, seed=None, with_dlse=True, rng=None, fn=None,
+           dq_mode=None):
+    """Forward with the CUDA kernel, backward with the kernel under test, vs float64."""
+    d = q.shape[-1]
+    scale = float(d ** -0.5) if scale is None else scale
+    rng = rng or np.random.default_rng(0)
+    B, Sq, N, _ = q.shape
+    dlse = (jnp.asarray(rng.standard_normal((B, Sq, N), np.float32)) if with_dlse
+            else jnp.zeros((B, Sq, N), jnp.float32))
+    bj = jnp.asarray(bounds)
+    out, lse = _cuda.forward(q, k, v, bj, scale=scale)
+    f32 = lambda x: np.asarray(x.astype(jnp.float32))  # noqa: E731
+    ro, rl, rdq, rdk, rdv, empty = reference_grads(f32(q), f32(k), f32(v), bounds, f32(dout),
+                                                   np.asarray(dlse), scale)
+    call = fn or (lambda *a: _bwd(*a, scale=scale, dq_mode=dq_mode))
+    dq, dk, dv = call(q, k, v, bj, out, lse, dout, dlse if with_dlse else None)
+    msg = f"seed={seed} dq_mode={dq_mode} q={q.shape} k={k.shape} bounds={np.shape(bounds)} dtype={q.dtype}"
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape, msg
+    assert dq.dtype == q.dtype and dk.dtype == k.dtype and dv.dtype == v.dtype, msg
+    tol = 2e-2 if q.dtype == jnp.bfloat16 else 6e-3
+    for name, x, r in (("dq", dq, rdq), ("dk", dk, rdk), ("dv", dv, rdv)):
+        x = f32(x)
+        assert not np.isnan(x).any(), f"{name} NaN {msg}"
+        err = _relerr(x, r)
+        assert err < tol, f"{name} rel err {err:.3e} >= {tol} {msg}"
+    # fully masked query rows: exact zero dq
+    dqn = f32(dq)
+    assert np.all(dqn[empty] == 0.0), f"dq not exactly 0 on fully masked rows {msg}"
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------- the 12 families
+
+
+def _suite(S, seed, batch=1):
+    masks = pytest.importorskip("jax_flashmask.masks")
+    suite = masks.benchmark_suite(S, seed, batch=batch)
+    return {name: np.asarray(masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S))
+            for name, m in suite.items()}
+
+
+@pytest.mark.parametrize("dq_mode", [1, 0])
+@pytest.mark.parametrize("S", [1000])
+def test_mask_families(S, dq_mode):
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    suite = _suite(S, seed, 1)
+    assert len(suite) == 12
+    q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 128, jnp.bfloat16)
+    for name, b in suite.items():
+        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode)
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_head_dims_dtypes(d, dtype):
+    _need(dtype, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 300, 333
+    q, k, v, do = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
+    _check(q, k, v, do, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, rng=rng)
+    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, with_dlse=False)
+
+
+@pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (8, 2, 8), (8, 1, 1), (6, 3, 3)])
+def test_gqa_mqa_mask_heads(N, K, Hm):
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 200, 260
+    q, k, v, do = _inputs(rng, 1, Sq, Sk, N, K, 128, jnp.bfloat16)
+    _check(q, k, v, do, random_bounds(rng, 1, Hm, Sq, Sk), seed=seed, rng=rng)
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (1, 129), (127, 127), (129, 1000), (1000, 129), (513, 64),
+                                   (65, 1)])
+def test_ragged_lengths(Sq, Sk):
+    dq_mode = 1 if (Sq + Sk) % 2 else 0
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 1, 128, jnp.bfloat16)
+    _check(q, k, v, do, random_bounds(rng, 1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode)
+    _check(q, k, v, do, causal_bounds(1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode)
+
+
+def test_fully_masked_rows_and_columns():
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 300, 400
+    q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 2, 128, jnp.bfloat16)
+    b = np.zeros((1, 1, 4, Sk), np.int32)
+    b[:, :, 0], b[:, :, 1] = 10, 150  # rows 10..149 masked for every column
+    b[:, :, 2], b[:, :, 3] = 290, 300  # and rows 290..299
+    _check(q, k, v, do, b, seed=seed, rng=rng)
+    everything = np.zeros((1, 1, 4, Sk), np.int32)
+    everything[:, :, 1] = Sq
+    out, lse = _cuda.forward(q, k, v, jnp.asarray(everything), scale=0.1)
+    dlse = jnp.asarray(rng.standard_normal((1, Sq, 2), np.float32))
+    dq, dk, dv = _bwd(q, k, v, jnp.asarray(everything), out, lse, do, dlse, scale=0.1)
+    for x in (dq, dk, dv):
+        assert np.all(np.asarray(x.astype(jnp.float32)) == 0.0)
+
+
+def test_jit_and_vmap():
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _inputs(rng, 2, 160, 200, 4, 2, 128, jnp.bfloat16)
+    b = random_bounds(rng, 2, 2, 160, 200)
+    f = jax.jit(lambda *a: _bwd(*a, scale=128 ** -0.5))
+    _check(q, k, v, do, b, seed=seed, rng=rng, fn=f)
+
+
+def test_many_key_blocks_and_heads():
+    """Several CTAs reduce into the same dQ tiles (bulk reduce and atomics must agree)."""
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, S, N, K = 2, 700, 6, 2
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    b = causal_bounds(B, 1, S, S)
+    r1 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=1, with_dlse=False)
+    r0 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=0, with_dlse=False)
+    for x, y in zip(r1[1:], r0[1:]):  # dK, dV do not depend on the dQ mode: bitwise equal
+        np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32)))
+
+
+def test_vmap_matches_batched():
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _inputs(rng, 3, 150, 190, 4, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 3, 2, 150, 190))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    ref = _bwd(q, k, v, b, out, lse, do, None, scale=0.1)
+    vf = jax.jit(jax.vmap(lambda *a: _bwd(*(x[None] for x in a), None, scale=0.1)))
+    got = vf(q, k, v, b, out, lse, do)
+    for x, y in zip(got, ref):
+        np.testing.assert_array_equal(np.asarray(x[:, 0].astype(jnp.float32)), np.asarray(y.astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_fallback_matches_portable(d):
+    """_backward_with_fallback (what `backward` becomes) agrees with _xla.backward; d=256 falls back."""
+    from jax_flashmask import _xla
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _inputs(rng, 1, 200, 230, 4, 2, d, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 1, 2, 200, 230))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    dlse = jnp.asarray(rng.standard_normal((1, 200, 4), np.float32))
+    got = _cuda._backward_with_fallback(q, k, v, b, out, lse, do, dlse, scale=0.1)
+    ref = _xla.backward(q, k, v, b, out, lse, do, dlse, scale=0.1)
+    for name, x, y in zip(("dq", "dk", "dv"), got, ref):
+        y = np.asarray(y.astype(jnp.float32), np.float64)
+        err = _relerr(np.asarray(x.astype(jnp.float32)), y)
+        assert err < 2e-2, f"{name} rel err {err:.3e} seed={seed} d={d}"
+
+
+def test_check_supported_backward_errors():
+    with pytest.raises(NotImplementedError):
+        _cuda.check_supported_backward((1, 8, 2, 96), jnp.bfloat16, 96)
+    with pytest.raises(NotImplementedError):
+        _cuda.check_supported_backward((1, 8, 2, 256), jnp.bfloat16, 256)
+
+
+def test_grad_through_attention_uses_the_cuda_backward():
+    """jax.grad of `attention(implementation="cuda")` lowers to the backward custom call."""
+    import jax_flashmask as jf
+    from jax_flashmask import masks
+
+    _need(jnp.bfloat16, 128)
+    rng = np.random.default_rng(_seed())
+    S, N, K, d = 333, 4, 2, 128
+    q = jnp.asarray(rng.standard_normal((1, S, N, d)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((1, S, K, d)), jnp.bfloat16) for _ in range(2))
+    mask = masks.from_segment_ids(np.repeat([0, 1, 2], [100, 150, 83]))
+
+    def loss(q, k, v, impl):
+        return jnp.sum(jf.attention(q, k, v, mask, implementation=impl).astype(jnp.float32) ** 2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    hlo = grad.lower(q, k, v, "cuda").as_text()
+    assert _cuda.BWD_TARGET in hlo and _cuda.FWD_TARGET in hlo
+    up = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.grad(loss, argnums=(0, 1, 2))(*up, "reference")
+    for g, w in zip(grad(q, k, v, "cuda"), want):
+        g = np.asarray(g, np.float64)
+        w = np.asarray(w, np.float64)
+        assert np.isfinite(g).all()
+        assert np.linalg.norm(g - w) / np.linalg.norm(w) < 2e-2
