@@ -238,16 +238,21 @@ def _ring_scan(attn, q, k, v, loc, plan, my, c, axis, P, kw, unroll=1):
         lb = jnp.take(loc, chunk_token_index(plan[src], c), axis=-1)
         return _piece_attention(attn, q, buf[0], buf[1], lb, **kw)
 
+    return _relay(kv, _empty_acc(q, v, loc, plan), piece, axis, perm, P, unroll)
+
+
+def _relay(kv, acc, piece, axis, perm, steps, unroll):
+    """The relay loop both rings share: `steps` pieces; before computing on the held K/V, forward it
+    along `perm` so the transfer overlaps the compute; merge every piece's partial result."""
+
     def step(carry, t):
         buf, acc = carry
         nxt = lax.ppermute(buf, axis, perm)
-        acc = _merge(acc, piece(buf, t))
-        return (nxt, acc), None
+        return (nxt, _merge(acc, piece(buf, t))), None
 
-    acc0 = _empty_acc(q, v, loc, plan)
-    if P > 1:
-        (kv, acc0), _ = lax.scan(step, (kv, acc0), jnp.arange(P - 1, dtype=jnp.int32), unroll=unroll)
-    return _merge(acc0, piece(kv, jnp.int32(P - 1)))
+    if steps > 1:
+        (kv, acc), _ = lax.scan(step, (kv, acc), jnp.arange(steps - 1, dtype=jnp.int32), unroll=unroll)
+    return _merge(acc, piece(kv, jnp.int32(steps - 1)))
 
 
 def _hier_scan(attn, q, k, v, loc, plan, my, c, axes, nodes, kw, unroll=1):
@@ -259,8 +264,7 @@ def _hier_scan(attn, q, k, v, loc, plan, my, c, axes, nodes, kw, unroll=1):
     g = P // nodes
     kv = jnp.stack([k, v])
     perm = [(s, ((s // g + 1) % nodes) * g + s % g) for s in range(P)]
-    node, lidx = my // g, my % g
-    del lidx
+    node = my // g
 
     def piece(buf, u):
         gathered = lax.all_gather(buf, fast, axis=2, tiled=True)  # [2, B, g*L, K, d]
@@ -268,16 +272,7 @@ def _hier_scan(attn, q, k, v, loc, plan, my, c, axes, nodes, kw, unroll=1):
         lb = jnp.take(loc, chunk_token_index(plan[srcs].reshape(-1), c), axis=-1)
         return _piece_attention(attn, q, gathered[0], gathered[1], lb, **kw)
 
-    def step(carry, u):
-        buf, acc = carry
-        nxt = lax.ppermute(buf, axes, perm)
-        acc = _merge(acc, piece(buf, u))
-        return (nxt, acc), None
-
-    acc0 = _empty_acc(q, v, loc, plan)
-    if nodes > 1:
-        (kv, acc0), _ = lax.scan(step, (kv, acc0), jnp.arange(nodes - 1, dtype=jnp.int32), unroll=unroll)
-    return _merge(acc0, piece(kv, jnp.int32(nodes - 1)))
+    return _relay(kv, _empty_acc(q, v, loc, plan), piece, axes, perm, nodes, unroll)
 
 
 def _empty_acc(q, v, *refs):
