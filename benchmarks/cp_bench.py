@@ -1,27 +1,52 @@
-"""Context-parallel attention throughput on the local GPUs (untested on hardware so far).
+#!/usr/bin/env python3
+"""Context-parallel attention on the local GPUs: correctness against one GPU, throughput, overlap.
 
-    python benchmarks/cp_bench.py --S 32768 --heads 32 --kv-heads 8 --head-dim 128 \
-        --masks causal,causal_document,full --comms allgather,ring,ring-pruned,allgather-pruned \
-        [--nodes 1] [--chunks-per-rank 2] [--iters 10] [--bwd] [--json out.json]
+    NCCL_NVLS_ENABLE=0 python benchmarks/cp_bench.py --tokens-per-device 32768,65536 \\
+        --masks causal_document,document --out-prefix h200x2_2026-11-30_cp
 
-For every mask x plan (dual, balanced) x comm it times the forward (and with --bwd forward +
-backward) of `context_parallel_attention` on all visible devices, and reports ms, TFLOP/s
-(FlashMask convention: 4*B*H*S*S*d*(1-rho), x2.5 for backward; rho at 128x128 tiles) and the
-pruned bytes per rank. Overlap: it also times the pieces alone -- the K/V collective with no
-attention (``--comm-only``) and the local attention on already gathered K/V -- so that
-``overlap = (t_comm + t_compute - t_total) / min(t_comm, t_compute)``.
-On CPU (for a dry run): XLA_FLAGS=--xla_force_host_platform_device_count=8 ... --S 1024 --heads 2.
+For every mask and global length ``S = P x tokens-per-device`` (B = 1, bf16, H query heads, K kv
+heads, d) it
+
+1. runs single-device `jax_flashmask.attention` on the whole problem on device 0 (the baseline);
+2. runs `context_parallel_attention` over all P devices, inputs in the plan's permuted layout
+   (the permutation happens once per training step, so it is not timed), for each comm mode:
+
+   - ``allgather``: all-gather K/V, then one local attention (no overlap; SPEC §4's baseline),
+   - ``ring``: the relay ring, the next piece's transfer overlapping this piece's attention,
+   - ``ring-pruned``: the mask-pruned static schedule (only chunks some local row needs);
+
+   checks the un-permuted output (and dq/dk/dv of ``sum(out * g)``) against the baseline, and
+   times the forward and forward + backward;
+3. times the same program twice more: with every collective replaced by a local stand-in of the
+   same shape (*compute alone*; for ``allgather`` that is one rank's single attention call, the
+   kernel's own share) and with the attention replaced by a cheap stand-in that still reads K/V
+   (*communication alone*). Then
+
+       hidden = (t_comm + t_compute - t_total) / t_comm     (fraction of communication hidden)
+       overhead = t_total / t_compute - 1
+
+Overlap needs XLA's latency-hiding scheduler: run with
+``XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true`` (without it the collective-permute
+is not moved across the attention and little is hidden: benchmarks/NOTES.md, context parallelism).
+
+TFLOP/s per GPU use the FlashMask convention ``4·B·H·S²·d·(1−ρ)`` (x3.5 for forward + backward),
+ρ = fully masked 128x128 tiles, divided by P. Results: ``<out-prefix>.json`` and ``.md`` under
+``--out-dir``. CPU dry run: ``XLA_FLAGS=--xla_force_host_platform_device_count=2 python
+benchmarks/cp_bench.py --tokens-per-device 512 --heads 2 --kv-heads 2 --implementation xla``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -30,6 +55,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS  # noqa: E402
 
 import jax_flashmask as jf  # noqa: E402
 from jax_flashmask import context_parallel as cp  # noqa: E402
+
+COMMS = ("allgather", "ring", "ring-pruned")
 
 
 def timeit(f, *args, iters=10, warmup=2):
@@ -43,104 +70,230 @@ def timeit(f, *args, iters=10, warmup=2):
     return float(np.median(ts))
 
 
+def rel_err(a, b):
+    a = np.asarray(jnp.asarray(a, jnp.float32))
+    b = np.asarray(jnp.asarray(b, jnp.float32))
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@contextlib.contextmanager
+def collectives_off():
+    """Trace-time stand-ins for the collectives CP attention uses: same shapes, no traffic.
+    A relay ring then attends to its own K/V with the source chunk's mask bounds, i.e. the same
+    tiles and kernels as the real run."""
+    ppermute, all_gather = jax.lax.ppermute, jax.lax.all_gather
+
+    def fake_ppermute(x, axis_name, perm, **kw):
+        return x
+
+    def fake_all_gather(x, axis_name, *, axis=0, tiled=False, **kw):
+        names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+        n = int(np.prod([jax.lax.axis_size(a) for a in names]))
+        return jnp.concatenate([x] * n, axis=axis) if tiled else jnp.stack([x] * n, axis=axis)
+
+    jax.lax.ppermute, jax.lax.all_gather = fake_ppermute, fake_all_gather
+    try:
+        yield
+    finally:
+        jax.lax.ppermute, jax.lax.all_gather = ppermute, all_gather
+
+
+def attention_off(q, k, v, ind, *, causal=False, return_residual=True, **kw):
+    """Stand-in attention for the communication-alone probe: reads all of K and V (so every
+    transfer must land) and returns outputs of the right shapes; differentiable (dK/dV travel
+    back in the backward probe)."""
+    t = jnp.sum(k, axis=(1, 2, 3), dtype=jnp.float32) + jnp.sum(v, axis=(1, 2, 3), dtype=jnp.float32)
+    o = jnp.broadcast_to(t[:, None, None, None], q.shape[:3] + (v.shape[-1],)).astype(q.dtype)
+    lse = jnp.broadcast_to(t[:, None, None], q.shape[:3])
+    return o, lse
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--S", type=int, default=32768)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens-per-device", default="32768,65536")
     ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=32)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--masks", default="causal,causal_document,document,share_question,full")
-    ap.add_argument("--comms", default="allgather,ring,ring-pruned,allgather-pruned")
-    ap.add_argument("--plans", default="dual,balanced")
-    ap.add_argument("--nodes", type=int, default=1, help="> 1: (node, local) mesh; adds 'hierarchical'")
-    ap.add_argument("--chunks-per-rank", type=int, default=2)
+    ap.add_argument("--masks", default="causal_document,document")
+    ap.add_argument("--comms", default=",".join(COMMS))
+    ap.add_argument("--plans", default="balanced", help="comma list of balanced, dual")
+    ap.add_argument("--chunks-per-rank", type=int, default=4)
+    ap.add_argument("--no-bwd", action="store_true", help="time the forward only")
+    ap.add_argument("--no-probes", action="store_true", help="skip the compute-/comm-alone probes")
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--bwd", action="store_true")
-    ap.add_argument("--implementation", default=None)
-    ap.add_argument("--json")
+    ap.add_argument("--implementation", default="cuda")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-limit-s", type=float, default=0, help="stop starting new cases after this")
+    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--out-prefix", default=None)
     a = ap.parse_args()
+    t_start = time.time()
+    impl = None if a.implementation in ("", "none", "None") else a.implementation
 
     devs = np.array(jax.devices())
     P = len(devs)
-    if a.nodes > 1:
-        mesh = Mesh(devs.reshape(a.nodes, P // a.nodes), ("node", "local"))
-        axis = ("node", "local")
-    else:
-        mesh = Mesh(devs, ("cp",))
-        axis = "cp"
+    mesh = Mesh(devs, ("cp",))
+    dev0 = devs[0]
     m = a.chunks_per_rank
-    n = P * m
     dt = jnp.dtype(a.dtype)
-    B, S, H, K, D = a.batch, a.S, a.heads, a.kv_heads, a.head_dim
-    shard = NamedSharding(mesh, PS(None, axis))
-    key = jax.random.PRNGKey(0)
-    kq, kk, kv = jax.random.split(key, 3)
-    q = jax.device_put(jax.random.normal(kq, (B, S, H, D), dt), shard)
-    k = jax.device_put(jax.random.normal(kk, (B, S, K, D), dt), shard)
-    v = jax.device_put(jax.random.normal(kv, (B, S, K, D), dt), shard)
-    suite = jf.masks.benchmark_suite(S, seed=0, batch=B)
-    results = []
-    print(f"devices: {P} x {devs[0].device_kind}; S={S} B={B} H={H} K={K} d={D} {a.dtype}")
-    for mname in a.masks.split(","):
-        mk = suite[mname]
-        ind = jnp.asarray(np.asarray(jf.masks.canonical_bounds(mk.startend_row_indices, causal=mk.causal,
-                                                               q_len=S)).swapaxes(-1, -2))
-        rho = jf.masks.block_sparsity(mk, block=128)
-        flops = 4 * B * H * S * S * D * (1 - rho) * (3.5 if a.bwd else 1.0)
-        work = cp.chunk_workloads(mk, n)
-        plans = {"dual": cp.dual_chunk_plan(P, n) if m % 2 == 0 else cp.contiguous_plan(P, n),
-                 "balanced": cp.balanced_plan(work, P).plan}
-        for pname in a.plans.split(","):
-            plan = plans[pname]
-            need = cp.needed_chunks(mk, plan)
-            comms = a.comms.split(",") + (["hierarchical"] if a.nodes > 1 else [])
-            for comm in comms:
-                base = comm.replace("-pruned", "")
-                sched = None
-                if comm.endswith("-pruned"):
-                    kind = "hierarchical" if (a.nodes > 1 and base != "allgather") else "ring"
-                    sched = cp.make_schedule(P, m, kind, nodes=a.nodes if kind == "hierarchical" else 1,
-                                             plan=plan, needed=need)
-                    if base == "ring" and a.nodes > 1:
-                        base = "hierarchical"
+    H, K, D = a.heads, a.kv_heads, a.head_dim
+    env = dict(devices=f"{P} x {dev0.device_kind}", jax=jax.__version__, H=H, K=K, d=D, dtype=a.dtype,
+               chunks_per_rank=m, implementation=a.implementation,
+               xla_flags=os.environ.get("XLA_FLAGS", ""), nccl_nvls=os.environ.get("NCCL_NVLS_ENABLE"))
+    print("env:", env, flush=True)
+    rows = []
+    prefix = a.out_prefix or f"cp_{P}x_{time.strftime('%Y-%m-%d')}"
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
 
-                def fwd(q, k, v, ind, plan, base=base, sched=sched):
-                    return cp.context_parallel_attention(q, k, v, ind, plan=plan, mesh=mesh, axis_name=axis,
-                                                         comm=base, schedule=sched, implementation=a.implementation)
+    def save():
+        (out_dir / f"{prefix}.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
+        (out_dir / f"{prefix}.md").write_text(render(env, rows))
 
-                f = jax.jit(jax.grad(lambda *x: jnp.sum(fwd(*x).astype(jnp.float32)), argnums=(0, 1, 2))) if a.bwd else jax.jit(fwd)
-                try:
-                    t = timeit(f, q, k, v, ind, jnp.asarray(plan), iters=a.iters)
-                except Exception as e:  # keep going: report the failure
-                    print(f"{mname:22s} {pname:8s} {comm:18s} FAILED: {type(e).__name__}: {str(e)[:200]}")
-                    continue
-                vol = (cp.comm_volume(sched) if sched is not None else cp.allgather_volume(P, m, nodes=max(a.nodes, 1)))
-                chunk_bytes = 2 * B * (S // n) * K * D * dt.itemsize
-                row = dict(mask=mname, plan=pname, comm=comm, ms=t * 1e3, tflops=flops / t / 1e12 / P,
-                           max_recv_MiB=vol["max_received"] * chunk_bytes / 2**20,
-                           max_tiles=float(cp.plan_loads(plan, work).max()))
-                results.append(row)
-                print(f"{mname:22s} {pname:8s} {comm:18s} {row['ms']:8.2f} ms  {row['tflops']:6.1f} TFLOP/s/GPU  "
-                      f"recv/rank {row['max_recv_MiB']:7.1f} MiB  max tiles {row['max_tiles']:.0f}", flush=True)
-        # overlap probe: collective alone vs local attention alone (allgather shapes)
-        def comm_only(k, v):
-            def body(k, v):
-                return jax.lax.all_gather(jnp.stack([k, v]), axis, axis=2, tiled=True)
-            return cp.shard_map(body, mesh=mesh, in_specs=(PS(None, axis), PS(None, axis)),
-                                out_specs=PS(None, None, axis), check_vma=False)(k, v)
-        t_comm = timeit(jax.jit(comm_only), k, v, iters=a.iters)
-        ql = q[:, : S // P]
-        t_comp = timeit(jax.jit(lambda q, k, v: jf.attention(q, k, v, None, implementation=a.implementation)),
-                        jax.device_put(ql, devs[0]), jax.device_put(k, devs[0]), jax.device_put(v, devs[0]),
-                        iters=a.iters)
-        print(f"{mname:22s} probe: all-gather alone {t_comm * 1e3:.2f} ms, one rank's full-mask local attention "
-              f"alone {t_comp * 1e3:.2f} ms")
-        results.append(dict(mask=mname, probe_comm_ms=t_comm * 1e3, probe_compute_ms=t_comp * 1e3))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+    shard = NamedSharding(mesh, PS(None, "cp"))
+    for L in [int(x) for x in a.tokens_per_device.split(",")]:
+        S = P * L
+        kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(a.seed), 4)
+        q = jax.random.normal(kq, (1, S, H, D), dt, ).astype(dt)
+        k = jax.random.normal(kk, (1, S, K, D), dt).astype(dt)
+        v = jax.random.normal(kv, (1, S, K, D), dt).astype(dt)
+        g = jax.random.normal(kg, (1, S, H, D), dt).astype(dt)
+        q, k, v, g = (jax.device_put(x, dev0) for x in (q, k, v, g))
+        suite = jf.masks.benchmark_suite(S, seed=a.seed)
+        for mname in a.masks.split(","):
+            if a.time_limit_s and time.time() - t_start > a.time_limit_s:
+                print("time limit reached; stopping", flush=True)
+                save()
+                return
+            mk = suite[mname]
+            rho = jf.masks.block_sparsity(mk, block=128)
+            fl_fwd = 4.0 * S * S * H * D * (1 - rho)
+            mask_ind = jax.device_put(mk.startend_row_indices, dev0)
+
+            # 1. one device, the whole problem
+            def one_fwd(q, k, v, ind):
+                return jf.attention(q, k, v, ind, causal=mk.causal, implementation=impl)
+
+            def one_loss(q, k, v, ind, g):
+                return jnp.sum(one_fwd(q, k, v, ind).astype(jnp.float32) * g.astype(jnp.float32))
+
+            f1 = jax.jit(one_fwd)
+            b1 = jax.jit(jax.grad(one_loss, argnums=(0, 1, 2)))
+            o1 = f1(q, k, v, mask_ind)
+            t1 = timeit(f1, q, k, v, mask_ind, iters=a.iters)
+            row1 = dict(mask=mname, S=S, tokens_per_device=L, rho=rho, comm="one-gpu", plan="-",
+                        fwd_ms=t1 * 1e3, fwd_tflops_per_gpu=fl_fwd / t1 / 1e12)
+            if not a.no_bwd:
+                d1 = b1(q, k, v, mask_ind, g)
+                tb1 = timeit(b1, q, k, v, mask_ind, g, iters=a.iters)
+                row1.update(fwdbwd_ms=tb1 * 1e3, fwdbwd_tflops_per_gpu=3.5 * fl_fwd / tb1 / 1e12)
+            rows.append(row1)
+            print(fmt(row1), flush=True)
+
+            work = cp.chunk_workloads(mk, P * m)
+            plans = {"balanced": cp.balanced_plan(work, P).plan, "dual": cp.dual_chunk_plan(P, P * m)}
+            for pname in a.plans.split(","):
+                plan = np.asarray(plans[pname], np.int32)
+                loads = cp.plan_loads(plan, work)
+                plan_j = jnp.asarray(plan)
+                perm = lambda x: cp.permute_tokens(x, plan_j)  # noqa: E731
+                qp, kp, vp, gp = (jax.device_put(perm(x), shard) for x in (q, k, v, g))
+                ind_r = jax.device_put(mask_ind, NamedSharding(mesh, PS()))
+                need = cp.needed_chunks(mk, plan)
+                chunk_bytes = 2 * (S // (P * m)) * K * D * dt.itemsize
+                for comm in a.comms.split(","):
+                    base = comm.replace("-pruned", "")
+                    sched = (cp.make_schedule(P, m, "ring", plan=plan, needed=need)
+                             if comm.endswith("-pruned") else None)
+                    vol = cp.comm_volume(sched) if sched is not None else cp.allgather_volume(P, m)
+
+                    def make(attention_fn=None, base=base, sched=sched):
+                        def fwd(q, k, v, ind, pl):
+                            return cp.context_parallel_attention(
+                                q, k, v, ind, plan=pl, mesh=mesh, axis_name="cp", causal=mk.causal,
+                                comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn)
+
+                        def loss(q, k, v, ind, pl, g):
+                            return jnp.sum(fwd(q, k, v, ind, pl).astype(jnp.float32) * g.astype(jnp.float32))
+
+                        return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+                    fwd, bwd = make()
+                    row = dict(mask=mname, S=S, tokens_per_device=L, rho=rho, comm=comm, plan=pname,
+                               max_load_tiles=float(loads.max()), mean_load_tiles=float(loads.mean()),
+                               recv_MiB_per_rank=vol["max_received"] * chunk_bytes / 2**20)
+                    try:
+                        o = fwd(qp, kp, vp, ind_r, plan_j)
+                        row["out_rel_err"] = rel_err(cp.unpermute_tokens(o, plan_j), o1)
+                        t = timeit(fwd, qp, kp, vp, ind_r, plan_j, iters=a.iters)
+                        row.update(fwd_ms=t * 1e3, fwd_tflops_per_gpu=fl_fwd / t / 1e12 / P,
+                                   fwd_speedup=t1 / t)
+                        if not a.no_bwd:
+                            dd = bwd(qp, kp, vp, ind_r, plan_j, gp)
+                            row["grad_rel_err"] = max(rel_err(cp.unpermute_tokens(x, plan_j), y)
+                                                      for x, y in zip(dd, d1))
+                            tb = timeit(bwd, qp, kp, vp, ind_r, plan_j, gp, iters=a.iters)
+                            row.update(fwdbwd_ms=tb * 1e3, fwdbwd_tflops_per_gpu=3.5 * fl_fwd / tb / 1e12 / P,
+                                       fwdbwd_speedup=tb1 / tb)
+                        if not a.no_probes:
+                            with collectives_off():
+                                fc, bc = make()
+                                row["fwd_compute_ms"] = 1e3 * timeit(fc, qp, kp, vp, ind_r, plan_j, iters=a.iters)
+                                if not a.no_bwd:
+                                    row["fwdbwd_compute_ms"] = 1e3 * timeit(bc, qp, kp, vp, ind_r, plan_j, gp,
+                                                                            iters=a.iters)
+                            fm, bm = make(attention_fn=attention_off)
+                            row["fwd_comm_ms"] = 1e3 * timeit(fm, qp, kp, vp, ind_r, plan_j, iters=a.iters)
+                            if not a.no_bwd:
+                                row["fwdbwd_comm_ms"] = 1e3 * timeit(bm, qp, kp, vp, ind_r, plan_j, gp, iters=a.iters)
+                            for ph in ("fwd", "fwdbwd"):
+                                if f"{ph}_comm_ms" in row:
+                                    tt, tc, tm = row[f"{ph}_ms"], row[f"{ph}_compute_ms"], row[f"{ph}_comm_ms"]
+                                    row[f"{ph}_hidden"] = min(1.0, max(0.0, (tm + tc - tt) / tm)) if tm > 0 else 1.0
+                                    row[f"{ph}_overhead"] = tt / tc - 1
+                    except Exception as e:  # keep going: report the failure
+                        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    rows.append(row)
+                    print(fmt(row), flush=True)
+                    save()
+    save()
+
+
+def fmt(r):
+    keys = ("fwd_ms", "fwd_tflops_per_gpu", "fwd_speedup", "fwdbwd_ms", "fwdbwd_tflops_per_gpu",
+            "fwdbwd_speedup", "fwd_hidden", "fwdbwd_hidden", "out_rel_err", "grad_rel_err", "recv_MiB_per_rank",
+            "error")
+    body = "  ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in keys if k in r)
+    return f"{r['mask']:16s} S={r['S']:7d} {r['comm']:12s} {r['plan']:8s} {body}"
+
+
+def render(env, rows):
+    def f(r, k, spec="{:.1f}"):
+        return spec.format(r[k]) if k in r else "–"
+
+    out = [f"# Context-parallel attention, {env['devices']}",
+           "",
+           f"B = 1, H = {env['H']}, K = {env['K']}, d = {env['d']}, {env['dtype']}, {env['chunks_per_rank']} chunks "
+           f"per rank, jax {env['jax']}, XLA_FLAGS='{env['xla_flags']}', NCCL_NVLS_ENABLE={env['nccl_nvls']}. "
+           "TFLOP/s per GPU (FlashMask convention, x3.5 for fwd+bwd). speedup = one-GPU time / this time. "
+           "hidden = (t_comm + t_compute − t_total) / t_comm. err = max|Δ| / max|ref| against one GPU.",
+           "",
+           "| mask | S | comm | plan | recv MiB/rank | fwd ms | fwd TF/GPU | fwd speedup | fwd hidden | "
+           "fwd+bwd ms | fwd+bwd TF/GPU | fwd+bwd speedup | fwd+bwd hidden | out err | grad err |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['mask']} | {r['S']} | {r['comm']} | {r['plan']} | failed: {r['error'][:80]} |"
+                       + " |" * 10)
+            continue
+        out.append(" | ".join([
+            f"| {r['mask']}", str(r["S"]), r["comm"], r["plan"], f(r, "recv_MiB_per_rank", "{:.0f}"),
+            f(r, "fwd_ms", "{:.2f}"), f(r, "fwd_tflops_per_gpu"), f(r, "fwd_speedup", "{:.2f}×"),
+            f(r, "fwd_hidden", "{:.0%}"), f(r, "fwdbwd_ms", "{:.2f}"), f(r, "fwdbwd_tflops_per_gpu"),
+            f(r, "fwdbwd_speedup", "{:.2f}×"), f(r, "fwdbwd_hidden", "{:.0%}"),
+            f(r, "out_rel_err", "{:.1e}"), f(r, "grad_rel_err", "{:.1e}") + " |"]))
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -235,3 +235,27 @@ def test_render_merges_runs(tmp_path):
     assert [(r["S"], r["mask"], r["reason"]) for r in merged["results"]] == [
         (8192, "causal", "newer"), (8192, "full", "x"), (32768, "causal", "x")]
     assert "## S = 32768" in (tmp_path / "m.md").read_text()
+
+
+def test_cp_bench_dry_run_on_two_host_devices(tmp_path):
+    """benchmarks/cp_bench.py end to end on 2 CPU devices: every comm mode agrees with one device
+    (outputs and dq/dk/dv), the probes run, and the JSON/markdown come out."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cp_bench.py"), "--tokens-per-device", "256",
+           "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--masks", "causal_document",
+           "--chunks-per-rank", "2", "--iters", "1", "--implementation", "xla",
+           "--out-dir", str(tmp_path), "--out-prefix", "cp"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "cp.json").read_text())["rows"]
+    cp_rows = [r for r in rows if r["comm"] != "one-gpu"]
+    assert {r["comm"] for r in cp_rows} == {"allgather", "ring", "ring-pruned"}
+    for r in cp_rows:
+        assert "error" not in r, r
+        assert r["out_rel_err"] < 2e-2 and r["grad_rel_err"] < 3e-2, r
+        assert 0.0 <= r["fwdbwd_hidden"] <= 1.0 and r["fwd_compute_ms"] > 0, r
+    assert "| causal_document |" in (tmp_path / "cp.md").read_text()
