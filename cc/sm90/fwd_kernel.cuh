@@ -1,8 +1,9 @@
 // FlashMask-3 forward for Hopper (sm_90a): TMA -> multi-stage smem ring (mbarriers) -> WGMMA,
 // fp32 online softmax, block skip from the per-key-block metadata, element masking on partial
-// tiles only. Warp specialized: warpgroup 0 = producer (one thread issues TMA; warp 1 builds the
-// compacted list of non-skipped key blocks with a partial/visible flag before the main loop),
-// warpgroups 1..NWG = consumers (64 query rows each).
+// tiles only. Warp specialized: warpgroup 0 = producer (lane 0 of warp 0 issues the TMA loads of
+// Q, K, V and, for partial key blocks, bulk copies of their bounds; the kept-block sequence comes
+// from the per-warp KeptBlocks iterator), warpgroups 1..NWG = consumers (64 query rows each).
+// One CTA per query tile, or a persistent grid taking tiles from a global counter (launch_fwd).
 //
 // Written for jax_flashmask; layouts and pipeline primitives come from CuTe / CUTLASS headers.
 #pragma once
