@@ -30,6 +30,9 @@ if [ "$STAGE" = all ] || [ "$STAGE" = build ]; then
   echo "HGMMA instructions in SASS: $(cuobjdump -sass "$so" | grep -c HGMMA)"
   echo "SETMAXNREG (USETMAXREG) in SASS: $(cuobjdump -sass "$so" | grep -c USETMAXREG)"
   echo "local memory (LDL/STL) in SASS: $(cuobjdump -sass "$so" | grep -cE '\b(LDL|STL)\b')"
+  # forward bf16 d128 kernel: where the local-memory accesses sit relative to setmaxnreg
+  cuobjdump -sass "$so" | awk '/Function : .*flashmask_fwd_kernel.*bfloat16_tELi128ELi128ELi2/{f=1} f&&/Function : /&&!/bfloat16_tELi128ELi128ELi2/{f=0} f' > "$OUT/sass_fwd_bf16_d128.txt"
+  grep -nE 'USETMAXREG|\b(LDL|STL)\b|HGMMA.*gsb|EXIT' "$OUT/sass_fwd_bf16_d128.txt" | awk '{print $1, $3, $4}' | head -40
 fi
 
 if [ "$STAGE" = all ] || [ "$STAGE" = smoke ]; then
@@ -52,7 +55,7 @@ m = s.max(-1, keepdims=True); p = np.exp(s - m); ls = p.sum(-1, keepdims=True)
 ro = np.einsum("bhqk,bkhd->bqhd", p / ls, vf); rl = (m + np.log(ls))[..., 0].transpose(0, 2, 1)
 print(f"smoke variant={var}: max|dO|={np.abs(o - ro).max():.3e} max|dLSE|={np.abs(l - rl).max():.3e} nan={np.isnan(o).any()}")
 PY
-  for var in 2 3 1; do timeout 60 $PY /tmp/jfm_smoke.py $var 2>&1 | tail -3 | tee -a /tmp/jfm_smoke.log; done
+  for var in ${JFM_SMOKE_VARIANTS:-2 3 1}; do timeout 60 $PY /tmp/jfm_smoke.py $var 2>&1 | tail -3 | tee -a /tmp/jfm_smoke.log; done
   if [ "$STAGE" = all ] && ! grep -q "smoke variant=2" /tmp/jfm_smoke.log; then echo "smoke failed; stopping"; exit 1; fi
 fi
 
@@ -79,7 +82,7 @@ for (Sq, Sk, N, d, dt) in cases:
     q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
     k = jnp.asarray(rng.standard_normal((1, Sk, 1, d)), dt)
     b = np.zeros((1, 1, 4, Sk), np.int32); b[:, :, 0] = rng.integers(0, Sq + 1, Sk); b[:, :, 1] = Sq
-    for var in (2, 3):
+    for var in (2, 3, 4):
         o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var)
         jax.block_until_ready((o, l))
 print("sanitize case done")

@@ -77,10 +77,11 @@ def main():
                          tflops_exact=flops_exact / t / 1e12)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-            if a.cudnn and name in ("full", "causal"):
-                causal = name == "causal"
-                g = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
-                    q, k, v, is_causal=causal, implementation="cudnn"))
+            if a.cudnn and name in ("full", "causal", "sliding_window"):
+                kw = dict(is_causal=name != "full", implementation="cudnn")
+                if name == "sliding_window":  # the window the vectors hold: LTS[0] = w + 1
+                    kw["local_window_size"] = (int(np.asarray(bounds)[0, 0, 0, 0]) - 1, 0)
+                g = jax.jit(lambda q, k, v, kw=kw: jax.nn.dot_product_attention(q, k, v, **kw))
                 try:
                     t = timeit(g, q, k, v, iters=a.iters)
                     r = dict(impl="cudnn", S=S, B=B, H=H, d=d, mask=name, rho=rho, visible=vis,

@@ -25,13 +25,17 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     if (err) *err = "flashmask sm90 forward: variant 1 is compiled for bf16, d=128 only";
     return cudaErrorInvalidValue;
   }
-  if (p.variant != 2 && p.variant != 3) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 1, 2, 3)";
+  if (p.variant < 2 || p.variant > 5) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 1 to 5)";
     return cudaErrorInvalidValue;
   }
-  // variant 2: two consumer warpgroups + softmax/GEMM overlap + ping-pong, one CTA per tile;
-  // variant 3: the same kernel on a persistent grid (one CTA per SM). (Variant 0, the same without
-  // overlap, was measured in run 1 and is no longer compiled: see benchmarks/NOTES.md.)
+  // Variants 2-5 share one kernel (two consumer warpgroups + softmax/GEMM overlap + ping-pong);
+  // the launcher picks the grid and the bounds path at run time:
+  //   2: one CTA per tile, partial-block bounds read from global memory by the consumers;
+  //   3: persistent grid + dynamic tile counter, bounds staged in smem by the producer;
+  //   4: one CTA per tile, bounds staged in smem;  5: persistent + dynamic, bounds from global.
+  // (Variant 0, variant 2 without overlap, was measured in run 1 and is no longer compiled: see
+  // benchmarks/NOTES.md.)
   switch (p.d) {
     case 64:
       return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true>(p, stream, err)

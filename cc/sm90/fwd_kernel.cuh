@@ -1,8 +1,9 @@
 // FlashMask-3 forward for Hopper (sm_90a): TMA -> multi-stage smem ring (mbarriers) -> WGMMA,
 // fp32 online softmax, block skip from the per-key-block metadata, element masking on partial
-// tiles only. Warp specialized: warpgroup 0 = producer (one thread issues TMA; warp 1 builds the
-// compacted list of non-skipped key blocks with a partial/visible flag before the main loop),
-// warpgroups 1..NWG = consumers (64 query rows each).
+// tiles only. Warp specialized: warpgroup 0 = producer (lane 0 of warp 0 issues the TMA loads of
+// Q, K, V and, for partial key blocks, bulk copies of their bounds; the kept-block sequence comes
+// from the per-warp KeptBlocks iterator), warpgroups 1..NWG = consumers (64 query rows each).
+// One CTA per query tile, or a persistent grid taking tiles from a global counter (launch_fwd).
 //
 // Written for jax_flashmask; layouts and pipeline primitives come from CuTe / CUTLASS headers.
 #pragma once
@@ -35,8 +36,14 @@ struct FwdTraits {
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
 
-  using SmemLayoutQ =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bm>, Int<D>>{}));
+  // Q ring: two Q tiles where shared memory allows (the next tile's Q loads while the current tile
+  // runs on the persistent grid), else one.
+  static constexpr int kSmemKV = 2 * Stages * Bn * D * (int)sizeof(Elem);
+  static constexpr int kSmemBnd = Stages * 4 * Bn * 4;
+  static constexpr int QStages =
+      (2 * Bm * D * (int)sizeof(Elem) + kSmemKV + kSmemBnd + 1024 <= 227 * 1024) ? 2 : 1;
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<Bm>, Int<D>, Int<QStages>>{}));
   using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                              Shape<Int<Bn>, Int<D>, Int<Stages>>{}));
   // V^T view of the V ring: (D, Bn, Stages), MN-major for the PV GEMM's B operand.
@@ -58,10 +65,14 @@ struct FwdTraits {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
+    // LTS, LTE, UTS, UTE of a partial key block, one slot per K stage (bulk copy on K's barrier)
+    alignas(128) int32_t bnd[Stages][4][Bn];
     typename Pipeline::SharedStorage pipe_k;
     typename Pipeline::SharedStorage pipe_v;
-    alignas(8) uint64_t q_full;   // Q tile landed (TMA transaction barrier), one phase per tile
-    alignas(8) uint64_t q_empty;  // consumers finished reading Q of the tile, one phase per tile
+    alignas(8) uint64_t q_full[QStages];   // Q tile landed (TMA transaction barrier)
+    alignas(8) uint64_t q_empty[QStages];  // consumers finished reading Q (and tile_id) of the slot
+    alignas(8) uint64_t sched[QStages];    // tile_id of the slot published by the producer
+    int tile_id[QStages];                  // query tile of the slot, -1 = no more tiles
   };
 };
 
@@ -74,7 +85,20 @@ struct KArgs {
   int nblk;
   int heads_per_kv, heads_per_mask;
   float scale_log2;
+  int* tile_counter;  // persistent grid: dynamic tile counter (zeroed by the launcher), else null
+  int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
 };
+
+// 1-D bulk copy global -> shared completing on an mbarrier (bytes: multiple of 16, both 16B-aligned).
+__device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                         uint64_t* mbar) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const uint32_t m = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(d), "l"(gmem_src), "r"(bytes), "r"(m)
+      : "memory");
+}
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -163,7 +187,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                          CUTE_GRID_CONSTANT TmaK const tma_k, CUTE_GRID_CONSTANT TmaV const tma_v) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Elem = typename T::Elem;
-  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, NWG = T::NWG;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, NWG = T::NWG, QS = T::QStages;
   using Pipeline = typename T::Pipeline;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -199,8 +223,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   pp.initializing_warp = 1;
   Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
-    Barrier::init(&ss.q_full, 1);
-    EmptyBarrier::init(&ss.q_empty, 128 * NWG);
+    CUTE_UNROLL
+    for (int s = 0; s < QS; ++s) {
+      Barrier::init(&ss.q_full[s], 1);
+      EmptyBarrier::init(&ss.q_empty[s], 128 * NWG);
+      EmptyBarrier::init(&ss.sched[s], 1);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -210,6 +238,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutVt{});
 
+  // Tile schedule: the first tile of a CTA is blockIdx.x; on the persistent grid the next ones
+  // come from a global atomic counter (dynamic: a CTA that finishes early takes the next tile of
+  // the same order), else the CTA has one tile. The producer warp fetches the next tile while the
+  // current one is loading and publishes each tile id in the slot of its Q buffer (`sched`), so
+  // the consumers can classify the tile's key blocks before its Q lands.
   if (wg == 0) {
     // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
     if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<40>();
@@ -218,8 +251,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      int k_iter = 0;
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k_iter) {
+      int t = blockIdx.x;
+      for (int it = 0;; ++it) {
+        const int slot = it % QS;
+        const bool done = t >= total_tiles;
+        if (lane == 0) {
+          // the slot's Q and tile id are free once the consumers finished tile it - QS
+          if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
+          ss.tile_id[slot] = done ? -1 : t;
+          EmptyBarrier::arrive(&ss.sched[slot]);
+        }
+        if (done) break;
+        int t_next = total_tiles;
+        if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
         int m_blk, h, b;
         decode(t, m_blk, h, b);
         const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
@@ -227,43 +271,41 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
         Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
         Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-        auto tQ = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                group_modes<0, 2>(gQ));
-        auto& tQgQ = get<0>(tQ);
-        auto& tQsQ = get<1>(tQ);
+        auto [tQgQ, tQsQ] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                          group_modes<0, 2>(gQ));
         auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                           group_modes<0, 2>(gK));
         auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                           group_modes<0, 2>(gV));
-        // Q of this tile can only land once the consumers are done with the previous tile's Q;
-        // the first K tile is issued before that wait, so it loads under the previous tile's
-        // last GEMMs and epilogue (persistent grid).
-        auto issue_q = [&]() {
-          if (lane == 0) {
-            if (k_iter > 0) EmptyBarrier::wait(&ss.q_empty, (k_iter - 1) & 1);
-            Barrier::arrive_and_expect_tx(&ss.q_full, Bm * D * sizeof(Elem));
-            copy(tma_q.with(ss.q_full), tQgQ, tQsQ);
-          }
-        };
+        if (lane == 0) {
+          Barrier::arrive_and_expect_tx(&ss.q_full[slot], Bm * D * sizeof(Elem));
+          copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
+        }
+        const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
         KeptBlocks<Bn> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
                               a.Sk, lane);
-        if (!blocks.has_next()) issue_q();
-        bool first = true;
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial);
           if (lane == 0) {
             pipe_k.producer_acquire(wr);
-            copy(tma_k.with(*pipe_k.producer_get_barrier(wr)), tKgK(_, n), tKsK(_, wr.index()));
-          }
-          if (first) issue_q();
-          first = false;
-          if (lane == 0) {
+            auto* bar = pipe_k.producer_get_barrier(wr);
+            if (partial && a.smem_bounds) {
+              // the four bound vectors of a partial block ride on K's barrier (expect first, so
+              // the phase cannot complete before every copy is counted)
+              const uint32_t bytes = 4u * (uint32_t)min(Bn, a.Sk - n * Bn);
+              Barrier::expect_transaction(bar, 4 * bytes);
+              CUTE_UNROLL
+              for (int vv = 0; vv < 4; ++vv)
+                bulk_g2s(&ss.bnd[wr.index()][vv][0], bnd + (int64_t)vv * a.Sk + n * Bn, bytes, bar);
+            }
+            copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
             pipe_v.producer_acquire(wr);
             copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
           }
           ++wr;
         }
+        t = __shfl_sync(0xffffffffu, t_next, 0);
       }
     }
   } else {
@@ -288,10 +330,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int cwg = wg - 1;  // consumer warpgroup index
     // bounds rows start at multiples of Sk: int2 loads are aligned iff Sk is even
     const bool sk_even = (a.Sk % 2) == 0;
+    const bool smem_bnd = a.smem_bounds != 0;
 
     cutlass::PipelineState<T::Stages> rd;
-    int k_iter = 0;
-    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x, ++k_iter) {
+    for (int it = 0;; ++it) {
+      const int slot = it % QS;
+      const uint32_t qphase = (it / QS) & 1;
+      EmptyBarrier::wait(&ss.sched[slot], qphase);
+      const int t = *reinterpret_cast<volatile int*>(&ss.tile_id[slot]);
+      if (t < 0) break;
       int m_blk, h, b;
       decode(t, m_blk, h, b);
       const int hm = h / a.heads_per_mask;
@@ -303,14 +350,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       float m_i[2] = {-INFINITY, -INFINITY};
       float l_i[2] = {0.f, 0.f};
       clear(tOrO);
+      auto tSrQs = tSrQ(_, _, _, slot);
 
-      // Element mask of a partial tile (only partial tiles pay for it).
-      auto apply_mask = [&](int n) {
+      // Element mask of a partial tile (only partial tiles pay for it): four bounds per column,
+      // from the smem copy of the K stage when the producer staged them, else from global memory.
+      auto apply_mask = [&](int n, int stage) {
+        const int32_t* sb = &ss.bnd[stage][0][0];
         CUTE_UNROLL
         for (int kk = 0; kk < Bn / 8; ++kk) {
-          const int col0 = n * Bn + 8 * kk + colq;  // even; this thread's columns col0, col0 + 1
+          const int c = 8 * kk + colq;
+          const int col0 = n * Bn + c;  // even; this thread's columns col0, col0 + 1
           int lts[2] = {0, 0}, lln[2] = {0, 0}, uts[2] = {0, 0}, uln[2] = {0, 0};
-          if (sk_even && col0 + 1 < a.Sk) {  // 8-byte aligned pairs: half the loads
+          if (smem_bnd) {  // columns past Sk hold stale values: masked below as out of bounds
+            const int2 x0 = *reinterpret_cast<const int2*>(sb + c);
+            const int2 x1 = *reinterpret_cast<const int2*>(sb + Bn + c);
+            const int2 x2 = *reinterpret_cast<const int2*>(sb + 2 * Bn + c);
+            const int2 x3 = *reinterpret_cast<const int2*>(sb + 3 * Bn + c);
+            lts[0] = x0.x; lts[1] = x0.y;
+            lln[0] = x1.x - x0.x; lln[1] = x1.y - x0.y;
+            uts[0] = x2.x; uts[1] = x2.y;
+            uln[0] = x3.x - x2.x; uln[1] = x3.y - x2.y;
+          } else if (sk_even && col0 + 1 < a.Sk) {  // 8-byte aligned pairs: half the loads
             const int2 x0 = __ldg(reinterpret_cast<const int2*>(bnd + col0));
             const int2 x1 = __ldg(reinterpret_cast<const int2*>(bnd + a.Sk + col0));
             const int2 x2 = __ldg(reinterpret_cast<const int2*>(bnd + 2 * (int64_t)a.Sk + col0));
@@ -388,10 +448,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           tOrP(e + 1) = static_cast<Elem>(tSrS(e + 1));
         }
       };
+      // A partial block's staged bounds live in its K stage: release K only after the mask.
+      auto mask_and_release_k = [&](bool partial, int n, cutlass::PipelineState<T::Stages> st) {
+        if (partial && smem_bnd) {
+          apply_mask(n, st.index());
+          pipe_k.consumer_release(st);
+        } else {
+          pipe_k.consumer_release(st);
+          if (partial) apply_mask(n, st.index());
+        }
+      };
 
       KeptBlocks<Bn> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
                             a.Sk, lane);
-      Barrier::wait(&ss.q_full, k_iter & 1);
+      Barrier::wait(&ss.q_full[slot], qphase);
       const bool had_blocks = blocks.has_next();
       if constexpr (!T::Overlap) {
         // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
@@ -399,9 +469,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           bool partial;
           const int n = blocks.next(partial);
           pipe_k.consumer_wait(rd);
-          wgmma_gemm<true, 0, false>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
-          pipe_k.consumer_release(rd);
-          if (partial) apply_mask(n);
+          wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
+          mask_and_release_k(partial, n, rd);
           float corr[2];
           softmax(corr);
           rescale_o(corr);
@@ -420,10 +489,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           bool partial;
           const int n = blocks.next(partial);
           pipe_k.consumer_wait(rd);
-          wgmma_gemm<true, 0, false>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
-          pipe_k.consumer_release(rd);
-          if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty);  // last QK^T of the tile done
-          if (partial) apply_mask(n);
+          wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
+          if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
+          mask_and_release_k(partial, n, rd);
           float corr[2];
           softmax(corr);
           convert_p();
@@ -442,7 +510,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (cwg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
             else asm volatile("bar.sync 2, 256;\n" ::: "memory");
           }
-          wgmma_gemm<true, -1, false>(mma_qk, tSrQ, tSrK(_, _, _, rd.index()), tSrS);
+          wgmma_gemm<true, -1, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           pipe_v.consumer_wait(rd_prev);
           wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
           if constexpr (kPingPong) {
@@ -451,9 +519,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
-          pipe_k.consumer_release(rd);
-          if (last) EmptyBarrier::arrive(&ss.q_empty);  // last QK^T of the tile done: Q is free
-          if (partial) apply_mask(n);
+          if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
+          mask_and_release_k(partial, n, rd);
           float corr[2];
           softmax(corr);
           warpgroup_wait<0>();
@@ -470,7 +537,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
       // right after its last QK^T; here: the other paths and tiles without any kept block).
-      if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty);
+      if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);
 
       // Epilogue: normalize, write O (input dtype) and LSE (natural log, -inf for empty rows).
       float inv[2], lse[2];
@@ -503,7 +570,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 #endif
 }
-
 template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
   using T = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
@@ -516,7 +582,13 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   }
   const size_t smem = sizeof(typename T::SharedStorage);
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
-  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * nblk) {
+  // Variants (see fwd_dispatch.cu): persistent grid with a dynamic tile counter (3, 5) or one CTA
+  // per tile (1, 2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
+  // global memory by the consumers (1, 2, 5).
+  const bool persistent = p.variant == 3 || p.variant == 5;
+  const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
+  // the dynamic tile counter lives in the workspace right after the metadata
+  if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
     if (err) *err = "flashmask sm90 forward: metadata workspace too small";
     return cudaErrorInvalidValue;
   }
@@ -532,7 +604,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
                           make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D));
   Tensor mV = make_tensor(make_gmem_ptr(v), make_shape(p.Sk, D, p.K, p.B),
                           make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D));
-  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, typename T::SmemLayoutQ{},
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
                              Shape<Int<T::Bm>, Int<D>>{}, _1{});
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, take<0, 2>(typename T::SmemLayoutK{}),
                              Shape<Int<Bn>, Int<D>>{}, _1{});
@@ -549,19 +621,27 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_kv = p.N / p.K;
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
+  // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
+  a.smem_bounds = (p.variant == 3 || p.variant == 4) && p.Sk % 4 == 0 &&
+                  (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
+  a.tile_counter = nullptr;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
-  // Non-persistent: one CTA per query tile. Persistent (variant 3): one CTA per SM, each walks the
-  // heaviest-first tile order with stride gridDim.x; Q/K/V loads of the next tile overlap the
-  // epilogue of the current one.
+  // Non-persistent: one CTA per query tile. Persistent: one CTA per SM; CTA i starts with tile i
+  // and then takes tiles gridDim.x, gridDim.x + 1, ... of the same (batch, head)-major order from
+  // a global counter, so early finishers take the next tile; the next tile's Q (second Q buffer)
+  // and first K/V load while the current tile runs.
   int grid = (int)total_tiles;
-  if (p.variant == 3) {
+  if (persistent) {
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess)
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     grid = (int)std::min<int64_t>(total_tiles, sms > 0 ? sms : 132);
+    a.tile_counter = p.meta + meta_elems;
+    e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
+    if (e != cudaSuccess) return e;
   }
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_k, tma_v);
   return cudaGetLastError();

@@ -15,12 +15,12 @@ struct FwdParams {
   const int32_t* bounds;  // [B, Hm, 4, Sk]  (LTS, LTE, UTS, UTE)
   void* o;              // [B, Sq, N, d]   (q dtype)
   float* lse;           // [B, Sq, N]      float32 (natural log)
-  int32_t* meta;        // workspace: [B, Hm, 8, nblk_k]  block min/max
+  int32_t* meta;        // workspace: [B, Hm, 8, nblk_k] block min/max, then the tile counter
   int64_t meta_capacity;  // number of int32 available in meta
   int B, Sq, Sk, N, K, Hm, d;
   float scale;          // softmax scale applied to q.k
   DType dtype;
-  int variant;          // kernel variant: 1, 2 or 3 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
+  int variant;          // kernel variant: 1 to 5 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
 };
 
 // Returns cudaSuccess or the launch error. Never synchronizes. `err` (may be null) gets a message

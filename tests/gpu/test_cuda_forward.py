@@ -61,7 +61,8 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 
 
 # Kernel variants exercised by every check (jax_flashmask._cuda.TESTED_VARIANTS): 2 = one CTA per
-# tile, 3 = persistent grid. Variant 1 (one consumer warpgroup) has its own test.
+# tile, 3 = persistent grid with a dynamic tile counter and smem-staged bounds (the default),
+# 4 = one CTA per tile with smem-staged bounds. Variant 1 (one consumer warpgroup) has its own test.
 VARIANTS = tuple(getattr(_cuda, "TESTED_VARIANTS", (2,)))
 
 
