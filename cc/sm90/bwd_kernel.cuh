@@ -66,6 +66,7 @@ struct BwdTraits {
     alignas(128) float dq[Bm * D];     // dQ tile (row-major) for the bulk reduce-add
     alignas(8) uint64_t full[Stages];  // Q + dO of a tile landed
     alignas(8) uint64_t kv_full;       // K + V landed
+    int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
   };
 };
 
@@ -82,7 +83,58 @@ struct BwdArgs {
   int heads_per_kv, heads_per_mask;
   float scale, scale_log2;
   int dq_bulk;  // 1: dQ tile -> smem -> one cp.reduce.async.bulk add; 0: float2 atomics
+  // Deterministic mode: dq_sem [B, N, mblk, sem_words] holds one bit per (query tile, key block),
+  // set once that key block's dQ contribution to the tile is complete in dq_accum (or at CTA start
+  // when the key block skips the tile). A CTA adds its tile only after every key block above it
+  // has its bit: contributions land in descending key-block order, the same on every run.
+  int deterministic;
+  uint32_t* dq_sem;
+  int sem_words;
 };
+
+__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// First uint32 of the ordering bits of query tile m of head h (batch b).
+__device__ __forceinline__ int64_t bwd_sem_word(const BwdArgs& a, int b, int h, int m) {
+  return (((int64_t)b * a.N + h) * a.mblk + m) * a.sem_words;
+}
+
+// Deterministic mode, at CTA start (one warp): set this key block's bit in every query tile of the
+// GQA group that it skips, so that the key blocks below it never wait for it there. Relaxed: no
+// data is published with these bits.
+template <int Bm>
+__device__ __forceinline__ void bwd_mark_skipped(const BwdArgs& a, int b, int hk, int n, int lane) {
+  const uint32_t bit = 1u << (n % 32);
+  for (int g = 0; g < a.heads_per_kv; ++g) {
+    const int h = hk * a.heads_per_kv + g;
+    const int hm = h / a.heads_per_mask;
+    const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
+    const int lts_mx = __ldg(mt + 1 * a.nblk), lte_mn = __ldg(mt + 2 * a.nblk);
+    const int uts_mx = __ldg(mt + 5 * a.nblk), ute_mn = __ldg(mt + 6 * a.nblk);
+    uint32_t* sem = a.dq_sem + bwd_sem_word(a, b, h, 0) + n / 32;
+    for (int m = lane; m < a.mblk; m += 32) {
+      const int ms = m * Bm, me = min(ms + Bm, a.Sq);
+      const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+      if (skip)
+        asm volatile("red.relaxed.gpu.global.or.b32 [%0], %1;" ::"l"(sem + (int64_t)m * a.sem_words),
+                     "r"(bit)
+                     : "memory");
+    }
+  }
+}
+
+// Bits of the key blocks n+1 .. nblk-1 within word w (lanes hold consecutive words).
+__device__ __forceinline__ uint32_t bwd_sem_need(const BwdArgs& a, int n, int w) {
+  if (w >= a.sem_words) return 0u;
+  const int lo = max(n + 1 - 32 * w, 0);   // <= 31 for the words the poll visits
+  const int hi = min(a.nblk - 32 * w, 32);  // >= 1
+  const uint32_t below_hi = hi >= 32 ? ~0u : ((1u << hi) - 1u);
+  return below_hi & ~((1u << lo) - 1u);
+}
 
 // Advances (g, m) -- head g of the kv group, query tile m -- to the first tile at or after it that
 // key block n does not skip (SPEC section 3 classification on the block metadata). Uniform over
@@ -124,16 +176,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // Deterministic mode walks the key blocks from the last one down (blockIdx.x = 0 is the last
+  // block): a CTA only ever waits for CTAs with a smaller blockIdx, which are launched no later.
+  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x;
 
   if (tid == 0) {
     Barrier::init(&ss.full[0], 1);
     Barrier::init(&ss.full[1], 1);
     Barrier::init(&ss.kv_full, 1);
+    ss.sem_prev = -1;
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  if (a.deterministic && tid / 32 == 1) bwd_mark_skipped<Bm>(a, b, hk, n, tid % 32);
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
@@ -243,6 +300,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int ms = m * Bm;
     const float* l2p = a.lse2 + ((int64_t)b * a.N + h) * a.sq_pad + ms;
     const float* dlp = a.delta + ((int64_t)b * a.N + h) * a.sq_pad + ms;
+    // deterministic: warp 0 fetches the ordering bits of this tile now, checks them before the add
+    uint32_t sem_early = 0;
+    if (a.deterministic && tid < 32) {
+      const int w = (n + 1) / 32 + lane;
+      if (w < a.sem_words) sem_early = ld_relaxed_gpu(a.dq_sem + bwd_sem_word(a, b, h, m) + w);
+    }
 
     Barrier::wait(&ss.full[stage], (it >> 1) & 1);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
@@ -321,7 +384,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
     cutlass::arch::fence_view_async_shared();
     // the previous tile's bulk reduce has finished reading sdQ before anyone rewrites it
-    if (tid == 0 && a.dq_bulk) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    if (tid == 0 && a.dq_bulk) {
+      if (a.deterministic) {
+        // ... and, deterministic mode, has completed in global memory: publish its bit
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        const int64_t w = ss.sem_prev;
+        if (w >= 0) {
+          asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + w),
+                       "r"(1u << (n % 32))
+                       : "memory");
+          ss.sem_prev = -1;
+        }
+      } else {
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      }
+    }
     __syncthreads();  // dS complete in smem
     Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
     wgmma_gemm<true, -1, false>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
@@ -353,6 +431,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     __syncthreads();  // every read of this stage's Q / dO and of sdS is done
+    if (a.deterministic && tid < 32) {
+      // wait until every key block above n has added its dQ to this tile (or skips it)
+      const int64_t base = bwd_sem_word(a, b, hk * a.heads_per_kv + g, m);
+      const int w0 = (n + 1) / 32;
+      for (int wc = w0; wc < a.sem_words; wc += 32) {
+        const int w = wc + lane;
+        const uint32_t need = bwd_sem_need(a, n, w);
+        uint32_t v = wc == w0 ? sem_early : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
+        while (!__all_sync(0xffffffffu, (v & need) == need)) {
+          __nanosleep(64);
+          if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
+        }
+      }
+      // acquire the predecessors' adds, then order them before our (async-proxy) reduce
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      if (tid == 0) ss.sem_prev = base + n / 32;
+    }
     if (tid == 0 && a.dq_bulk) {
       asm volatile(
           "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dqa),
@@ -371,7 +467,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   }
 
-  if (tid == 0 && a.dq_bulk) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  if (tid == 0 && a.dq_bulk) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (a.deterministic && ss.sem_prev >= 0) {
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + ss.sem_prev),
+                   "r"(1u << (n % 32))
+                   : "memory");
+    }
+  }
   // Epilogue: dK * scale, dV, in the input dtype (rows past Sk are dropped).
   Elem* dk = reinterpret_cast<Elem*>(a.dk);
   Elem* dv = reinterpret_cast<Elem*>(a.dv);
@@ -406,6 +510,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
     if (err) *err = "flashmask sm90 backward: workspace too small";
     return cudaErrorInvalidValue;
   }
+  const int sem_words = (nblk + 31) / 32;
+  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
+                          p.dq_sem_capacity < (int64_t)p.B * p.N * mblk * sem_words)) {
+    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
+    return cudaErrorInvalidValue;
+  }
   if (p.K > 65535 || p.B > 65535) {
     if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
     return cudaErrorInvalidValue;
@@ -419,6 +529,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   if (e != cudaSuccess) return e;
   e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * D, stream);
   if (e != cudaSuccess) return e;
+  if (p.deterministic) {
+    e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
+    if (e != cudaSuccess) return e;
+  }
 
   const Elem* q = reinterpret_cast<const Elem*>(p.q);
   const Elem* dout = reinterpret_cast<const Elem*>(p.dout);
@@ -454,6 +568,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   a.scale = p.scale;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
+  a.deterministic = p.deterministic ? 1 : 0;
+  a.dq_sem = p.dq_sem;
+  a.sem_words = sem_words;
 
   auto kernel = &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
