@@ -186,10 +186,19 @@ def check_supported_backward(q_shape, q_dtype, head_dim) -> None:
 # cp.reduce.async.bulk add (default), 0 = float2 atomics from registers (kept for comparison).
 BWD_DQ_MODES = (0, 1)
 DEFAULT_BWD_DQ_MODE = 1
+# Backward kernel variants (cc/sm90/bwd_kernel.cuh; history in benchmarks/NOTES.md "Backward"):
+#   1: two consumer warpgroups, thread 0 issues the loads and the dQ reduce, two block-wide
+#      barriers per tile;
+#   2: warp specialized: a producer warpgroup (TMA warp, dQ-writer warp; setmaxnreg 24) and the
+#      two consumer warpgroups (240), mbarrier hand-offs, double-buffered dS and dQ tiles, one
+#      named barrier per tile between the consumers.
+BWD_VARIANTS = (1, 2)
+DEFAULT_BWD_VARIANT = 1
 
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
-                     dq_mode: int | None = None, deterministic: bool = False):
+                     dq_mode: int | None = None, deterministic: bool = False,
+                     variant: int | None = None):
     """FlashMask backward on Hopper: (dq, dk, dv) in the inputs' dtypes.
 
     Same arguments as the forward plus out [B,Sq,N,d], lse float32 [B,Sq,N] (as the forward returns
@@ -214,6 +223,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     dq_mode = DEFAULT_BWD_DQ_MODE if dq_mode is None else int(dq_mode)
     if dq_mode not in BWD_DQ_MODES:
         raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
+    variant = DEFAULT_BWD_VARIANT if variant is None else int(variant)
+    if variant not in BWD_VARIANTS:
+        raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
     deterministic = _check_deterministic(deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
@@ -237,7 +249,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")
     dq, dk, dv, *_ = call(q, k, v, bounds, out, lse, dout, dlse, scale=np.float32(scale),
-                          dq_mode=np.int32(dq_mode), deterministic=np.int32(deterministic))
+                          dq_mode=np.int32(dq_mode), deterministic=np.int32(deterministic),
+                          variant=np.int32(variant))
     return dq, dk, dv
 
 
@@ -279,7 +292,8 @@ def portable_backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: floa
 
 
 def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
-                            dq_mode: int | None = None, deterministic: bool = False):
+                            dq_mode: int | None = None, deterministic: bool = False,
+                            variant: int | None = None):
     """The kernel where it is compiled for (dtype, d); the portable `_xla.backward` elsewhere
     (e.g. d=256), so that a CUDA forward never makes training fail in the backward. Both honour
     `deterministic` (see `portable_backward`)."""
@@ -290,7 +304,7 @@ def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale
         return portable_backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
                                  deterministic=deterministic)
     return _backward_kernel(q, k, v, bounds, out, lse, dout, dlse, scale=scale, dq_mode=dq_mode,
-                            deterministic=deterministic)
+                            deterministic=deterministic, variant=variant)
 
 
 # Enabled after the GPU backward tests passed on an H200 (2026-11-29 23:36 UTC: 26/26 of

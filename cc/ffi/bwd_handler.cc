@@ -24,7 +24,7 @@ int64_t prod_dims(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer bounds, ffi::AnyBuffer o, ffi::AnyBuffer lse,
                    ffi::AnyBuffer dout, ffi::AnyBuffer dlse, float scale, int32_t dq_mode,
-                   int32_t deterministic,
+                   int32_t deterministic, int32_t variant,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
                    ffi::Result<ffi::AnyBuffer> rowstats, ffi::Result<ffi::AnyBuffer> meta,
@@ -105,6 +105,9 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (deterministic && dq_mode != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: deterministic mode needs dq_mode 1 (bulk)");
   p.deterministic = deterministic;
+  if (variant != 1 && variant != 2)
+    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 or 2");
+  p.variant = variant;
   p.dq_sem = static_cast<uint32_t*>(dq_sem->untyped_data());
   p.dq_sem_capacity = (int64_t)dq_sem->element_count();
 
@@ -136,6 +139,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskBwdSm90, jfm::BwdImpl,
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("dq_mode")
                                   .Attr<int32_t>("deterministic")
+                                  .Attr<int32_t>("variant")
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv

@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 _bwd = _cuda.backward
+VARIANTS = getattr(_cuda, "BWD_VARIANTS", (1,))
 
 
 def _seed():
@@ -88,7 +89,7 @@ def _relerr(x, ref):
 
 
 def _check(q, k, v, dout, bounds, *, scale=None, seed=None, with_dlse=True, rng=None, fn=None,
-           dq_mode=None):
+           dq_mode=None, variant=None):
     """Forward with the CUDA kernel, backward with the kernel under test, vs float64."""
     d = q.shape[-1]
     scale = float(d ** -0.5) if scale is None else scale
@@ -101,9 +102,9 @@ def _check(q, k, v, dout, bounds, *, scale=None, seed=None, with_dlse=True, rng=
     f32 = lambda x: np.asarray(x.astype(jnp.float32))  # noqa: E731
     ro, rl, rdq, rdk, rdv, empty = reference_grads(f32(q), f32(k), f32(v), bounds, f32(dout),
                                                    np.asarray(dlse), scale)
-    call = fn or (lambda *a: _bwd(*a, scale=scale, dq_mode=dq_mode))
+    call = fn or (lambda *a: _bwd(*a, scale=scale, dq_mode=dq_mode, variant=variant))
     dq, dk, dv = call(q, k, v, bj, out, lse, dout, dlse if with_dlse else None)
-    msg = f"seed={seed} dq_mode={dq_mode} q={q.shape} k={k.shape} bounds={np.shape(bounds)} dtype={q.dtype}"
+    msg = f"seed={seed} dq_mode={dq_mode} variant={variant} q={q.shape} k={k.shape} bounds={np.shape(bounds)} dtype={q.dtype}"
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape, msg
     assert dq.dtype == q.dtype and dk.dtype == k.dtype and dv.dtype == v.dtype, msg
     tol = 2e-2 if q.dtype == jnp.bfloat16 else 6e-3
@@ -128,9 +129,10 @@ def _suite(S, seed, batch=1):
             for name, m in suite.items()}
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dq_mode", [1, 0])
 @pytest.mark.parametrize("S", [1000])
-def test_mask_families(S, dq_mode):
+def test_mask_families(S, dq_mode, variant):
     _need(jnp.bfloat16, 128)
     seed = _seed()
     rng = np.random.default_rng(seed)
@@ -138,22 +140,26 @@ def test_mask_families(S, dq_mode):
     assert len(suite) == 12
     q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 128, jnp.bfloat16)
     for name, b in suite.items():
-        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode)
+        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode, variant=variant)
 
 
 # --------------------------------------------------------------------------- coverage
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_head_dims_dtypes(d, dtype):
+def test_head_dims_dtypes(d, dtype, variant):
     _need(dtype, d)
     seed = _seed()
     rng = np.random.default_rng(seed)
     Sq, Sk = 300, 333
     q, k, v, do = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
-    _check(q, k, v, do, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, rng=rng)
-    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, with_dlse=False)
+    _check(q, k, v, do, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, rng=rng, variant=variant)
+    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, with_dlse=False,
+           variant=variant)
+    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=0,
+           variant=variant)
 
 
 @pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (8, 2, 8), (8, 1, 1), (6, 3, 3)])
@@ -163,7 +169,9 @@ def test_gqa_mqa_mask_heads(N, K, Hm):
     rng = np.random.default_rng(seed)
     Sq, Sk = 200, 260
     q, k, v, do = _inputs(rng, 1, Sq, Sk, N, K, 128, jnp.bfloat16)
-    _check(q, k, v, do, random_bounds(rng, 1, Hm, Sq, Sk), seed=seed, rng=rng)
+    b = random_bounds(rng, 1, Hm, Sq, Sk)
+    for variant in VARIANTS:
+        _check(q, k, v, do, b, seed=seed, rng=rng, variant=variant)
 
 
 @pytest.mark.parametrize("Sq,Sk", [(1, 1), (1, 129), (127, 127), (129, 1000), (1000, 129), (513, 64),
@@ -174,8 +182,11 @@ def test_ragged_lengths(Sq, Sk):
     seed = _seed()
     rng = np.random.default_rng(seed)
     q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 1, 128, jnp.bfloat16)
-    _check(q, k, v, do, random_bounds(rng, 1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode)
-    _check(q, k, v, do, causal_bounds(1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode)
+    for variant in VARIANTS:
+        _check(q, k, v, do, random_bounds(rng, 1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode,
+               variant=variant)
+        _check(q, k, v, do, causal_bounds(1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode,
+               variant=variant)
 
 
 def test_fully_masked_rows_and_columns():
@@ -215,10 +226,12 @@ def test_many_key_blocks_and_heads():
     B, S, N, K = 2, 700, 6, 2
     q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
     b = causal_bounds(B, 1, S, S)
-    r1 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=1, with_dlse=False)
-    r0 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=0, with_dlse=False)
-    for x, y in zip(r1[1:], r0[1:]):  # dK, dV do not depend on the dQ mode: bitwise equal
-        np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32)))
+    for variant in VARIANTS:
+        r1 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=1, with_dlse=False, variant=variant)
+        r0 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=0, with_dlse=False, variant=variant)
+        for x, y in zip(r1[1:], r0[1:]):  # dK, dV do not depend on the dQ mode: bitwise equal
+            np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)),
+                                          np.asarray(y.astype(jnp.float32)))
 
 
 def test_vmap_matches_batched():
@@ -299,9 +312,10 @@ def _assert_same_bits(a, b, msg):
         assert np.array_equal(x, y), f"{name} differs between two deterministic runs: {msg}"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", ["causal", "full", "document", "random_gqa", "random_hm_n",
                                   "sliding_window", "many_words"])
-def test_deterministic_bitwise(case):
+def test_deterministic_bitwise(case, variant):
     """deterministic=True: two runs give bit-identical dq/dk/dv (several CTAs add into every dQ
     tile), and the gradients are as accurate as the default mode's."""
     _need(jnp.bfloat16, 128)
@@ -323,16 +337,17 @@ def test_deterministic_bitwise(case):
         B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
         b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
-    det = jax.jit(lambda *a: _bwd(*a, scale=128 ** -0.5, deterministic=True))
+    det = jax.jit(lambda *a: _bwd(*a, scale=128 ** -0.5, deterministic=True, variant=variant))
     first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
     # other work in between, then the same call again
     _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
          scale=0.1)
     second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _assert_same_bits(first, second, f"seed={seed} case={case}")
+    _assert_same_bits(first, second, f"seed={seed} case={case} variant={variant}")
 
 
-def test_deterministic_large_many_ctas():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_deterministic_large_many_ctas(variant):
     """Many concurrent CTAs per query tile (64 key blocks, chains longer than the waves): repeated
     runs bit-identical, and equal to the default mode up to fp32 summation order."""
     _need(jnp.bfloat16, 128)
@@ -342,7 +357,8 @@ def test_deterministic_large_many_ctas():
     for b in (causal_bounds(B, 1, S, S), np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
         bj = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        f = jax.jit(lambda *a, det: _bwd(*a, None, scale=0.1, deterministic=det), static_argnames="det")
+        f = jax.jit(lambda *a, det: _bwd(*a, None, scale=0.1, deterministic=det, variant=variant),
+                    static_argnames="det")
         runs = [f(q, k, v, bj, out, lse, do, det=True) for _ in range(3)]
         for r in runs[1:]:
             _assert_same_bits(runs[0], r, "large case")
@@ -391,3 +407,20 @@ def test_deterministic_flag_reaches_the_kernel():
     with pytest.raises(ValueError, match="dq_mode"):
         _cuda.backward(q, k, v, jnp.asarray(causal_bounds(1, 1, 300, 300)), q, jnp.zeros((1, 300, 4)),
                        do, None, scale=0.1, dq_mode=0, deterministic=True)
+
+
+def test_variants_agree():
+    """Variant 2 (warp specialized) and variant 1 compute the same per-CTA terms; in deterministic
+    mode both add them in the same order, so they agree to the last few bf16 ulps."""
+    _need(jnp.bfloat16, 128)
+    if len(VARIANTS) < 2:
+        pytest.skip("one backward variant compiled")
+    rng = np.random.default_rng(3)
+    q, k, v, do = _inputs(rng, 2, 1500, 1500, 8, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 2, 2, 1500, 1500))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    got = {vv: _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=vv)
+           for vv in VARIANTS}
+    for x, y in zip(got[VARIANTS[0]], got[VARIANTS[1]]):
+        x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
+        assert _relerr(x, y) < 1e-3
