@@ -15,22 +15,29 @@ if ! $PY -c "from jax_flashmask import _cuda; assert _cuda.is_available(), _cuda
   bash benchmarks/device_kernel.sh build 2>&1 | tail -12
 fi
 tail -1 "$OUT/setup.log"; el
-STAGES=${JFM_BWD_STAGES:-tests time san}
-if [[ " $STAGES " == *" tests "* ]]; then
-  timeout ${JFM_T_TESTS1:-75} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "deterministic or variants_agree" > "$OUT/tests_det.log" 2>&1
-  echo "tests (deterministic) rc=$?: $(tail -1 "$OUT/tests_det.log")"; el
-  timeout ${JFM_T_TESTS2:-80} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
-  echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
-  grep -E "^(FAILED|ERROR)|Error|assert" "$OUT"/tests_*.log | head -12
-fi
-if [[ " $STAGES " == *" time "* ]]; then
-  timeout ${JFM_T_TIME:-70} $PY benchmarks/bwd_timing.py ${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 1 2 --det 0 1 --cudnn --iters 5} \
-    --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
-  echo "timing rc=$?"; sed -n '/^impl /,$p' "$OUT/timing.log"; grep FAILED "$OUT/timing.log"; el
-fi
-if [[ " $STAGES " == *" san "* ]]; then
-  for tool in memcheck racecheck; do
-    timeout ${JFM_T_SAN:-35} compute-sanitizer --tool $tool $PY benchmarks/bwd_timing.py --small > "$OUT/san_$tool.log" 2>&1
-    echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/san_$tool.log" | tr '\n' ' ')"; el
-  done
-fi
+STAGES=${JFM_BWD_STAGES:-tests_det time tests_rest san}
+for st in $STAGES; do
+  case $st in
+  tests_det)
+    timeout ${JFM_T_TESTS1:-60} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "deterministic or variants_agree" > "$OUT/tests_det.log" 2>&1
+    echo "tests (deterministic) rc=$?: $(tail -1 "$OUT/tests_det.log")"; el
+    grep -E "^(FAILED|ERROR)" "$OUT/tests_det.log" | head -8 ;;
+  tests_rest)
+    timeout ${JFM_T_TESTS2:-70} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
+    echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
+    grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
+  time)
+    timeout ${JFM_T_TIME:-60} $PY benchmarks/bwd_timing.py ${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 1 2 --det 0 1 --cudnn --iters 4} \
+      --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
+    echo "timing rc=$?"; grep -E '^\{' "$OUT/timing.log" | python3 -c "
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print(f\"{r['impl']:26s} {r['mask']:9s} {r['ms']:8.2f} ms {r['tflops_fm']:7.1f}\")"
+    grep FAILED "$OUT/timing.log"; el ;;
+  san)
+    for tool in memcheck racecheck; do
+      timeout ${JFM_T_SAN:-20} compute-sanitizer --tool $tool $PY benchmarks/bwd_timing.py --small > "$OUT/san_$tool.log" 2>&1
+      echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/san_$tool.log" | tr '\n' ' ')"; el
+    done ;;
+  esac
+done
