@@ -1,15 +1,20 @@
-// FlashMask-3 backward for Hopper (sm_90a), step 1 of SPEC section 3's path: column parallel, one
-// CTA per (key block of Bn = 128 keys, kv head, batch), two warpgroups (64 keys each), no warp
-// specialization. The CTA walks the query heads of its GQA group and, for each, the 64-row query
-// tiles that the block metadata does not skip (element mask only on partial tiles). Q and dO tiles
-// come by TMA into a 2-stage ring (thread 0 issues the loads two tiles ahead); K and V are loaded
-// once. Per tile, all on WGMMA:
+// FlashMask-3 backward for Hopper (sm_90a): column parallel, one CTA per (key block of Bn = 128
+// keys, kv head, batch), two consumer warpgroups (64 keys each). The CTA walks the query heads of
+// its GQA group and, for each, the 64-row query tiles that the block metadata does not skip
+// (element mask only on partial tiles). Q and dO tiles come by TMA into a 2-stage ring; K and V
+// are loaded once. Per tile, all on WGMMA:
 //   S^T  = K Q^T, dP^T = V dO^T           (64 x Bm per warpgroup, both operands from smem)
 //   P^T  = exp2(S^T * scale*log2e - lse2), dS^T = P^T (dP^T - D)
 //   dV  += P^T dO, dK += dS^T Q           (A = P^T / dS^T from registers, B = dO / Q from smem)
 //   dQ   = dS K                           (dS through smem; the two warpgroups split d), then
-//   fp32 atomics (float2) into the dq_accum workspace, converted by bwd_aux.cu.
+//   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
+//   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
+// Kernel variants: 1 = flashmask_bwd_kernel (thread 0 issues loads and reduces, two block-wide
+// barriers per tile); 2 = flashmask_bwd_ws_kernel (warp specialized: producer warpgroup with a
+// TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default).
+// Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
+// descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
