@@ -5,6 +5,7 @@ custom call alone (forward outputs precomputed). cuDNN: jax.vjp of dot_product_a
 fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward FlashMask convention
 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
+       [--variants 1 2] [--det 0 1] (kernel variants; default and deterministic mode)
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def small_cases():
         b[:, :, 1] = Sq
         b = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
-        for mode in (1, 0):
-            jax.block_until_ready(_bwd(q, k, k, b, out, lse, do, None, scale=0.1, dq_mode=mode))
+        for variant in getattr(_cuda, "BWD_VARIANTS", (1,)):
+            for mode, det in ((1, False), (0, False), (1, True)):
+                jax.block_until_ready(_bwd(q, k, k, b, out, lse, do, None, scale=0.1, dq_mode=mode,
+                                           deterministic=det, variant=variant))
     print("sanitize case done", flush=True)
 
 
@@ -63,6 +66,8 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--dq-modes", type=int, nargs="+", default=[1])
+    ap.add_argument("--variants", type=int, nargs="+", default=[None])
+    ap.add_argument("--det", type=int, nargs="+", default=[0], help="0: default, 1: deterministic")
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -84,17 +89,24 @@ def main():
             rho = float(masks.block_sparsity(m, S, 128))
             flops = 2.5 * 4.0 * B * H * S * S * d * (1 - rho)
             out, lse = jax.block_until_ready(_cuda.forward(q, k, v, bounds, scale=scale))
-            for mode in a.dq_modes:
-                f = jax.jit(lambda q, k, v, b, o, l, g, mode=mode: _bwd(
-                    q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode))
-                try:
-                    t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)
-                    r = dict(impl=f"flashmask_bwd_dq{mode}", S=S, B=B, H=H, d=d, mask=name, rho=rho,
-                             ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
-                except Exception as e:  # noqa: BLE001
-                    print(f"ours S={S} {name} dq_mode={mode}: FAILED {e}", flush=True)
+            for variant in a.variants:
+                for det in a.det:
+                    for mode in a.dq_modes:
+                        if det and mode != 1:
+                            continue
+                        f = jax.jit(lambda q, k, v, b, o, l, g, mode=mode, det=det, variant=variant: _bwd(
+                            q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode,
+                            deterministic=bool(det), variant=variant))
+                        tag = (f"flashmask_bwd_v{variant or _cuda.DEFAULT_BWD_VARIANT}"
+                               f"{'_det' if det else ''}_dq{mode}")
+                        try:
+                            t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)
+                            r = dict(impl=tag, S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                                     ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
+                            rows.append(r)
+                            print(json.dumps(r), flush=True)
+                        except Exception as e:  # noqa: BLE001
+                            print(f"ours S={S} {name} {tag}: FAILED {e}", flush=True)
             del out, lse
             if a.cudnn and name in ("full", "causal"):
                 causal = name == "causal"
@@ -113,9 +125,9 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     print(f"cudnn {name} S={S}: FAILED {e}", flush=True)
         del q, k, v, do
-    print("\nimpl                 mask       ms      TFLOP/s")
+    print("\nimpl                        S      mask       ms      TFLOP/s")
     for r in rows:
-        print(f"{r['impl']:20s} {r['mask']:9s} {r['ms']:8.2f} {r['tflops_fm']:8.1f}")
+        print(f"{r['impl']:26s} {r['S']:6d} {r['mask']:9s} {r['ms']:8.2f} {r['tflops_fm']:8.1f}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)

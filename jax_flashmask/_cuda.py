@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["is_available", "unavailable_reason", "check_supported", "forward", "FWD_TARGET",
-           "backward", "check_supported_backward", "BWD_TARGET"]
+           "backward", "check_supported_backward", "BWD_TARGET", "portable_backward"]
 
 FWD_TARGET = "jax_flashmask_fwd_sm90"
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -192,16 +192,31 @@ def check_supported_backward(q_shape, q_dtype, head_dim) -> None:
 # cp.reduce.async.bulk add (default), 0 = float2 atomics from registers (kept for comparison).
 BWD_DQ_MODES = (0, 1)
 DEFAULT_BWD_DQ_MODE = 1
+# Backward kernel variants (cc/sm90/bwd_kernel.cuh; history in benchmarks/NOTES.md "Backward"):
+#   1: two consumer warpgroups, thread 0 issues the loads and the dQ reduce, two block-wide
+#      barriers per tile;
+#   2: warp specialized: a producer warpgroup (TMA warp, dQ-writer warp; setmaxnreg 24) and the
+#      two consumer warpgroups (240), mbarrier hand-offs, double-buffered dS and dQ tiles, one
+#      named barrier per tile between the consumers.
+BWD_VARIANTS = (1, 2)
+DEFAULT_BWD_VARIANT = 2  # H200 2026-11-30: +2-6 % over variant 1, and deterministic mode -1..-12 %
+                         # (variant 1: -18..-30 %); benchmarks/NOTES.md "Backward", run of 11-30
 
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
-                           dq_mode: int | None = None):
+                     dq_mode: int | None = None, deterministic: bool = False,
+                     variant: int | None = None):
     """FlashMask backward on Hopper: (dq, dk, dv) in the inputs' dtypes.
 
     Same arguments as the forward plus out [B,Sq,N,d], lse float32 [B,Sq,N] (as the forward returns
     them), dout (cotangent of out) and dlse (cotangent of lse; None = zeros). Math of
     `_xla.backward`: D = rowsum(dO * O) - dlse, dS = P * (dP - D); fully masked rows get zero
     gradients. `backward` (below) adds the portable fallback for configurations not compiled.
+
+    deterministic=True: bitwise-reproducible gradients. The key-block CTAs of each query tile add
+    their dQ into the fp32 workspace in a fixed (descending key-block) order, ordered through one bit
+    per (query tile, key block) in an extra workspace; dK/dV are reduced in registers in a fixed
+    order in both modes. Needs dq_mode 1 (the default).
     """
     mod, reason = _load()
     if mod is None:
@@ -215,6 +230,12 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     dq_mode = DEFAULT_BWD_DQ_MODE if dq_mode is None else int(dq_mode)
     if dq_mode not in BWD_DQ_MODES:
         raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
+    variant = DEFAULT_BWD_VARIANT if variant is None else int(variant)
+    if variant not in BWD_VARIANTS:
+        raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
+    deterministic = _check_deterministic(deterministic)
+    if deterministic and dq_mode != 1:
+        raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
     bounds = bounds.astype(jnp.int32)
     out = out.astype(q.dtype)
     dout = dout.astype(q.dtype)
@@ -222,6 +243,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     dlse = jnp.zeros((B, Sq, N), jnp.float32) if dlse is None else dlse.astype(jnp.float32)
     sq_pad = -(-Sq // _BWD_BLOCK_M) * _BWD_BLOCK_M
     nblk = -(-Sk // _BWD_BLOCK_N)
+    # ordering bits of the deterministic mode: [B, N, query tiles, ceil(nblk / 32)] (else unused)
+    sem_shape = (B, N, sq_pad // _BWD_BLOCK_M, -(-nblk // 32)) if deterministic else (1,)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k.shape, k.dtype),
@@ -229,25 +252,70 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
         jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
         jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
         jax.ShapeDtypeStruct((B, Hm, 8, nblk), jnp.int32),     # block-metadata workspace
+        jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")
-    dq, dk, dv, _, _, _ = call(q, k, v, bounds, out, lse, dout, dlse, scale=np.float32(scale),
-                               dq_mode=np.int32(dq_mode))
+    dq, dk, dv, *_ = call(q, k, v, bounds, out, lse, dout, dlse, scale=np.float32(scale),
+                          dq_mode=np.int32(dq_mode), deterministic=np.int32(deterministic),
+                          variant=np.int32(variant))
     return dq, dk, dv
 
 
+def _check_deterministic(deterministic) -> bool:
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ValueError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    return bool(deterministic)
+
+
+def portable_backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
+                      deterministic: bool = False):
+    """`_xla.backward`, reproducible bit for bit when deterministic=True.
+
+    The portable backward has no order-dependent reduction except one: when several mask heads share
+    a kv head (Hm > K), it folds their dK/dV with a scatter-add whose duplicate indices XLA:GPU runs
+    as atomics (unordered fp32 sums from three terms on). The
+    deterministic path gives every query head its own copy of k/v there (no duplicate indices) and
+    sums each GQA group with explicit adds in head order. Everything else in `_xla.backward` is
+    einsums (cuBLAS / XLA GEMMs: fixed algorithm per compiled executable), row sums and loops with a
+    fixed order.
+    """
+    from . import _xla
+    deterministic = _check_deterministic(deterministic)
+    K, N, Hm = k.shape[2], q.shape[2], bounds.shape[1]
+    if not deterministic or Hm <= K:
+        return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale)
+    r = N // K
+    kx, vx = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
+    dq, dkx, dvx = _xla.backward(q, kx, vx, bounds, out, lse, dout, dlse, scale=scale)
+
+    def fold(x, dtype):
+        x = x.astype(jnp.float32).reshape(x.shape[:2] + (K, r) + x.shape[3:])
+        acc = x[:, :, :, 0]
+        for i in range(1, r):
+            acc = acc + x[:, :, :, i]
+        return acc.astype(dtype)
+
+    return dq, fold(dkx, k.dtype), fold(dvx, v.dtype)
+
+
 def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
-                            dq_mode: int | None = None):
+                            dq_mode: int | None = None, deterministic: bool = False,
+                            variant: int | None = None):
     """The kernel where it is compiled for (dtype, d); the portable `_xla.backward` elsewhere
-    (e.g. d=256), so that a CUDA forward never makes training fail in the backward."""
+    (e.g. d=256), so that a CUDA forward never makes training fail in the backward. Both honour
+    `deterministic` (see `portable_backward`)."""
+    deterministic = _check_deterministic(deterministic)
     try:
         check_supported_backward(q.shape, q.dtype, q.shape[-1])
     except NotImplementedError:
-        from . import _xla
-        return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale)
-    return _backward_kernel(q, k, v, bounds, out, lse, dout, dlse, scale=scale, dq_mode=dq_mode)
+        return portable_backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
+                                 deterministic=deterministic)
+    return _backward_kernel(q, k, v, bounds, out, lse, dout, dlse, scale=scale, dq_mode=dq_mode,
+                            deterministic=deterministic, variant=variant)
 
 
 # Enabled after the GPU backward tests passed on an H200 (2026-11-29 23:36 UTC: 26/26 of
 # tests/gpu/test_cuda_backward.py, memcheck clean). attention.py picks `backward` for its custom_vjp.
+# 2026-11-30 ~17:27 UTC (H200): 52/52 incl. deterministic mode and both kernel variants,
+# memcheck 0 errors, racecheck 0 hazards.
 backward = _backward_with_fallback

@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from . import _reference, _xla
@@ -88,42 +89,52 @@ def _choose(implementation, query):
 
 
 def _kernels(implementation: str):
-    """(forward, backward) for an implementation; backward is the portable one until a kernel lands."""
+    """(forward, backward) for an implementation. Every backward takes `deterministic=`."""
     if implementation == "reference":
         return _reference_forward, _reference_backward
     if implementation == "cuda":
-        return _cuda.forward, getattr(_cuda, "backward", _xla.backward)
-    return _xla.forward, _xla.backward
+        return _cuda.forward, _cuda.backward
+    return _xla.forward, _portable_backward
+
+
+def _portable_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
+    if _cuda is not None:  # the deterministic-safe wrapper of _xla.backward lives there
+        return _cuda.portable_backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
+                                       deterministic=deterministic)
+    return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale)  # pragma: no cover
 
 
 def _reference_forward(q, k, v, bounds, *, scale):
     return _reference.attention(q, k, v, bounds, scale=scale)
 
 
-def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale):
+def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
+    # Dense autodiff: einsums, row sums and a repeat's transpose (a sum): no unordered reduction.
+    del deterministic
     f = lambda q, k, v: _reference.attention(q, k, v, bounds, scale=scale)  # noqa: E731
     _, vjp = jax.vjp(f, q, k, v)
     return vjp((dout, dlse))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _flash(q, k, v, bounds, scale, implementation):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _flash(q, k, v, bounds, scale, implementation, deterministic):
     fwd, _ = _kernels(implementation)
     return fwd(q, k, v, bounds, scale=scale)
 
 
-def _flash_fwd(q, k, v, bounds, scale, implementation):
+def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic):
     fwd, _ = _kernels(implementation)
     out, lse = fwd(q, k, v, bounds, scale=scale)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
 
-def _flash_bwd(scale, implementation, residuals, cotangents):
+def _flash_bwd(scale, implementation, deterministic, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
     _, bwd = _kernels(implementation)
-    dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=scale)
+    dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
+                     deterministic=deterministic)
     return dq, dk, dv, None
 
 
@@ -140,6 +151,7 @@ def attention(
     scale: float | None = None,
     return_residual: bool = False,
     implementation: str | None = None,
+    deterministic: bool = False,
 ):
     """FlashMask attention.
 
@@ -153,6 +165,10 @@ def attention(
       return_residual: also return the log-sum-exp, float32 ``[B, Sq, N]``.
       implementation: None (best available), "cuda" (Hopper kernels), "xla" (portable blocked),
         "reference" (dense, for tests).
+      deterministic: bitwise-reproducible gradients (same inputs, same compiled program, same GPU
+        -> same bits). The Hopper backward then adds each query tile's dQ contributions in a fixed
+        key-block order (a little slower); the portable backward avoids its one unordered
+        scatter-add. The forward is deterministic either way.
 
     Returns:
       ``[B, Sq, N, d]`` in query's dtype, or ``(out, lse)``. Rows whose keys are all masked give
@@ -164,6 +180,9 @@ def attention(
             raise ValueError("causal=True conflicts with a FlashMask built with causal=False")
         causal, startend_row_indices = mask.causal, mask.startend_row_indices
     _check_inputs(query, key, value, scale, implementation)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ValueError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    deterministic = bool(deterministic)
     b, sq, n, d = query.shape
     sk, kh = key.shape[1], key.shape[2]
     causal = bool(causal)
@@ -176,5 +195,5 @@ def attention(
         bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
     implementation = _choose(implementation, query)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    out, lse = _flash(query, key, value, bounds, scale, implementation)
+    out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic)
     return (out, lse) if return_residual else out

@@ -300,3 +300,51 @@ def test_traced_indices_skip_value_checks_but_work():
     ind = random_indices(rng, 1, 1, 32, 32, False, 4)
     got = jax.jit(lambda ind: jf.attention(q, k, v, ind, implementation="xla"))(ind)
     assert rel_err(got, jf.attention(q, k, v, ind, implementation="reference")) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# deterministic=True: validated, passed to the backward, reproducible on every implementation.
+
+
+def test_deterministic_must_be_bool():
+    q, k, v = make_qkv(np.random.default_rng(), 1, 8, 8, 1, 1, 8)
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="deterministic"):
+            jf.attention(q, k, v, implementation="xla", deterministic=bad)
+
+
+def test_deterministic_reaches_the_backward(monkeypatch):
+    att = sys.modules["jax_flashmask.attention"]
+    seen = []
+    real = att._portable_backward
+
+    def spy(*a, **kw):
+        seen.append(kw.get("deterministic"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(att, "_portable_backward", spy)
+    q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
+    for det in (True, False):
+        jax.grad(lambda q: jnp.sum(jf.attention(q, k, v, causal=True, implementation="xla",
+                                                deterministic=det)))(q)
+    assert seen == [True, False]
+
+
+@pytest.mark.parametrize("impl", ["xla", "reference"])
+@pytest.mark.parametrize("heads,kv_heads,mask_heads", [(4, 2, 1), (6, 2, 6), (8, 1, 8)])
+def test_deterministic_gradients_reproducible(impl, heads, kv_heads, mask_heads):
+    """Two runs bit-identical; same values as the default mode (to rounding). (6, 2, 6) and (8, 1, 8)
+    have 3 and 8 mask heads per kv head: the portable backward's scatter-add path is replaced."""
+    rng = np.random.default_rng(0)
+    q, k, v = make_qkv(rng, 2, 70, 90, heads, kv_heads, 16)
+    ind = random_indices(rng, 2, mask_heads, 70, 90, False, 4)
+
+    def grads(det):
+        f = lambda q, k, v: jnp.sum(jnp.tanh(jf.attention(  # noqa: E731
+            q, k, v, ind, implementation=impl, deterministic=det)))
+        return jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
+
+    a, b, ref = grads(True), grads(True), grads(False)
+    for x, y, r in zip(a, b, ref):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert rel_err(x, r) < 1e-5

@@ -24,9 +24,11 @@ int64_t prod_dims(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer bounds, ffi::AnyBuffer o, ffi::AnyBuffer lse,
                    ffi::AnyBuffer dout, ffi::AnyBuffer dlse, float scale, int32_t dq_mode,
+                   int32_t deterministic, int32_t variant,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
-                   ffi::Result<ffi::AnyBuffer> rowstats, ffi::Result<ffi::AnyBuffer> meta) {
+                   ffi::Result<ffi::AnyBuffer> rowstats, ffi::Result<ffi::AnyBuffer> meta,
+                   ffi::Result<ffi::AnyBuffer> dq_sem) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              bd = bounds.dimensions();
   const size_t r = qd.size();
@@ -64,8 +66,9 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
       dv->element_type() != et || dv->element_count() != v.element_count())
     return ffi::Error::InvalidArgument("flashmask_bwd: dq/dk/dv must match q/k/v");
   if (dq_accum->element_type() != ffi::DataType::F32 ||
-      rowstats->element_type() != ffi::DataType::F32 || meta->element_type() != ffi::DataType::S32)
-    return ffi::Error::InvalidArgument("flashmask_bwd: bad workspace dtypes (f32, f32, s32)");
+      rowstats->element_type() != ffi::DataType::F32 || meta->element_type() != ffi::DataType::S32 ||
+      (dq_sem->element_type() != ffi::DataType::S32 && dq_sem->element_type() != ffi::DataType::U32))
+    return ffi::Error::InvalidArgument("flashmask_bwd: bad workspace dtypes (f32, f32, s32, s32)");
   if (K <= 0 || Hm <= 0 || N % K != 0 || N % Hm != 0)
     return ffi::Error::InvalidArgument(
         "flashmask_bwd: query heads N must be a multiple of kv heads K and of mask heads Hm");
@@ -97,6 +100,16 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (dq_mode != 0 && dq_mode != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: dq_mode must be 0 (atomics) or 1 (bulk)");
   p.dq_mode = dq_mode;
+  if (deterministic != 0 && deterministic != 1)
+    return ffi::Error::InvalidArgument("flashmask_bwd: deterministic must be 0 or 1");
+  if (deterministic && dq_mode != 1)
+    return ffi::Error::InvalidArgument("flashmask_bwd: deterministic mode needs dq_mode 1 (bulk)");
+  p.deterministic = deterministic;
+  if (variant != 1 && variant != 2)
+    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 or 2");
+  p.variant = variant;
+  p.dq_sem = static_cast<uint32_t*>(dq_sem->untyped_data());
+  p.dq_sem_capacity = (int64_t)dq_sem->element_count();
 
   const char* msg = nullptr;
   cudaError_t e = flashmask_bwd_sm90(p, stream, &msg);
@@ -125,10 +138,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskBwdSm90, jfm::BwdImpl,
                                   .Arg<ffi::AnyBuffer>()  // dlse
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("dq_mode")
+                                  .Attr<int32_t>("deterministic")
+                                  .Attr<int32_t>("variant")
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv
                                   .Ret<ffi::AnyBuffer>()  // dq fp32 accumulator workspace
                                   .Ret<ffi::AnyBuffer>()  // row statistics workspace
                                   .Ret<ffi::AnyBuffer>()  // block-metadata workspace
+                                  .Ret<ffi::AnyBuffer>()  // dQ ordering bits (deterministic)
 );

@@ -51,10 +51,23 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
   }
 }
 
+// The workspace holds each 64 x d query tile in the kernel's fragment order (BwdTraits::kDqCols):
+// element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j, wq = c / dqc,
+// kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2, lane = 4*(r % 8) + (c % 8) / 2;
+// dqc = d / 2 for d >= 128 (the two warpgroups split d), d otherwise.
+__device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
+  const int wq = c / dqc, cc = c % dqc;
+  const int lane = 4 * (r % 8) + (cc % 8) / 2;
+  return (int64_t)wq * 64 * dqc + (((r / 16) * 2 + (r / 8) % 2) * (dqc / 8) + cc / 8) * 64 +
+         2 * lane + (cc % 2);
+}
+
 template <class Elem>
 __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
                                    int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
+  static_assert(kBwdBlockM == 64, "fragment order assumes 64-row query tiles");
   const int hp = d / 2;  // pairs per row
+  const int dqc = d >= 128 ? d / 2 : d;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < npairs;
        t += (int64_t)gridDim.x * blockDim.x) {
     // output order [B, Sq, N, d/2]
@@ -64,7 +77,8 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
     r /= N;
     const int i = (int)(r % Sq);
     const int64_t b = r / Sq;
-    const float2 x = *reinterpret_cast<const float2*>(acc + (((b * N + h) * sq_pad + i) * d + 2 * c));
+    const int64_t tile = ((b * N + h) * sq_pad + (i / 64) * 64) * d;
+    const float2 x = *reinterpret_cast<const float2*>(acc + tile + dq_frag_offset(i % 64, 2 * c, dqc));
     cutlass::Array<Elem, 2> y;
     y[0] = static_cast<Elem>(x.x * scale);
     y[1] = static_cast<Elem>(x.y * scale);

@@ -1,15 +1,20 @@
-// FlashMask-3 backward for Hopper (sm_90a), step 1 of SPEC section 3's path: column parallel, one
-// CTA per (key block of Bn = 128 keys, kv head, batch), two warpgroups (64 keys each), no warp
-// specialization. The CTA walks the query heads of its GQA group and, for each, the 64-row query
-// tiles that the block metadata does not skip (element mask only on partial tiles). Q and dO tiles
-// come by TMA into a 2-stage ring (thread 0 issues the loads two tiles ahead); K and V are loaded
-// once. Per tile, all on WGMMA:
+// FlashMask-3 backward for Hopper (sm_90a): column parallel, one CTA per (key block of Bn = 128
+// keys, kv head, batch), two consumer warpgroups (64 keys each). The CTA walks the query heads of
+// its GQA group and, for each, the 64-row query tiles that the block metadata does not skip
+// (element mask only on partial tiles). Q and dO tiles come by TMA into a 2-stage ring; K and V
+// are loaded once. Per tile, all on WGMMA:
 //   S^T  = K Q^T, dP^T = V dO^T           (64 x Bm per warpgroup, both operands from smem)
 //   P^T  = exp2(S^T * scale*log2e - lse2), dS^T = P^T (dP^T - D)
 //   dV  += P^T dO, dK += dS^T Q           (A = P^T / dS^T from registers, B = dO / Q from smem)
 //   dQ   = dS K                           (dS through smem; the two warpgroups split d), then
-//   fp32 atomics (float2) into the dq_accum workspace, converted by bwd_aux.cu.
+//   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
+//   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
+// Kernel variants: 1 = flashmask_bwd_kernel (thread 0 issues loads and reduces, two block-wide
+// barriers per tile); 2 = flashmask_bwd_ws_kernel (warp specialized: producer warpgroup with a
+// TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default).
+// Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
+// descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
@@ -19,11 +24,17 @@
 
 namespace jfm::sm90 {
 
-template <class Elem_, int D_>
+// kWS = false: kernel variant 1 (two warpgroups, thread 0 issues the loads, two block-wide
+// barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
+template <class Elem_, int D_, bool WS_ = false>
 struct BwdTraits {
   using Elem = Elem_;
-  static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2, Stages = 2;
-  static constexpr int kThreads = 128 * NWG;
+  static constexpr bool kWS = WS_;
+  static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
+  static constexpr int Stages = 2;
+  static constexpr int kDsBufs = kWS ? 2 : 1;  // dS tiles in smem
+  static constexpr int kDqBufs = kWS ? 2 : 1;  // fp32 dQ tiles in smem
+  static constexpr int kThreads = 128 * (NWG + (kWS ? 1 : 0));  // WS: + a producer warpgroup
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
 
@@ -38,8 +49,8 @@ struct BwdTraits {
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
   // dS (Bm queries, Bn keys), K-major (keys contiguous): A operand of dQ = dS K.
-  using SmemLayoutdS =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bm>, Int<Bn>>{}));
+  using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                              Shape<Int<Bm>, Int<Bn>, Int<kDsBufs>>{}));
 
   using TiledMmaSdP = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<Bm>, Int<D>>>(),
@@ -52,6 +63,12 @@ struct BwdTraits {
   // swizzle atom of the MN-major K^T view). For d = 64 a split would cut the swizzle atom in
   // half, so both warpgroups run the same 64 x 64 GEMM and only warpgroup 0 stores it.
   static constexpr int kDqWG = D >= 128 ? NWG : 1;
+  // dQ tile layout in smem and in the fp32 workspace ("fragment order"): element (row r, col c)
+  // of a 64 x D tile sits at wq*64*kDqCols + ((warp*2 + i)*kDqKK + kk)*64 + 2*lane + j with
+  // wq = c / kDqCols, kk = (c % kDqCols) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
+  // lane = 4*(r % 8) + (c % 8) / 2: the wgmma accumulator fragment of each thread, lanes
+  // interleaved. bwd_convert (bwd_aux.cu) reads it back.
+  static constexpr int kDqCols = D / kDqWG, kDqKK = kDqCols / 8;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<D / kDqWG>, Int<Bn>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
@@ -63,9 +80,13 @@ struct BwdTraits {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutdS>> ds;
-    alignas(128) float dq[Bm * D];     // dQ tile (row-major) for the bulk reduce-add
+    alignas(128) float dq[kDqBufs][Bm * D];  // dQ tiles (fragment order) for the bulk reduce
     alignas(8) uint64_t full[Stages];  // Q + dO of a tile landed
+    alignas(8) uint64_t empty[Stages];     // WS: Q + dO stage read by both consumer warpgroups
+    alignas(8) uint64_t dq_full[kDqBufs];  // WS: dQ tile stored by the consumers
+    alignas(8) uint64_t dq_empty[kDqBufs]; // WS: dQ tile read by its bulk reduce
     alignas(8) uint64_t kv_full;       // K + V landed
+    int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
   };
 };
 
@@ -82,7 +103,58 @@ struct BwdArgs {
   int heads_per_kv, heads_per_mask;
   float scale, scale_log2;
   int dq_bulk;  // 1: dQ tile -> smem -> one cp.reduce.async.bulk add; 0: float2 atomics
+  // Deterministic mode: dq_sem [B, N, mblk, sem_words] holds one bit per (query tile, key block),
+  // set once that key block's dQ contribution to the tile is complete in dq_accum (or at CTA start
+  // when the key block skips the tile). A CTA adds its tile only after every key block above it
+  // has its bit: contributions land in descending key-block order, the same on every run.
+  int deterministic;
+  uint32_t* dq_sem;
+  int sem_words;
 };
+
+__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// First uint32 of the ordering bits of query tile m of head h (batch b).
+__device__ __forceinline__ int64_t bwd_sem_word(const BwdArgs& a, int b, int h, int m) {
+  return (((int64_t)b * a.N + h) * a.mblk + m) * a.sem_words;
+}
+
+// Deterministic mode, at CTA start (one warp): set this key block's bit in every query tile of the
+// GQA group that it skips, so that the key blocks below it never wait for it there. Relaxed: no
+// data is published with these bits.
+template <int Bm>
+__device__ __forceinline__ void bwd_mark_skipped(const BwdArgs& a, int b, int hk, int n, int lane) {
+  const uint32_t bit = 1u << (n % 32);
+  for (int g = 0; g < a.heads_per_kv; ++g) {
+    const int h = hk * a.heads_per_kv + g;
+    const int hm = h / a.heads_per_mask;
+    const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
+    const int lts_mx = __ldg(mt + 1 * a.nblk), lte_mn = __ldg(mt + 2 * a.nblk);
+    const int uts_mx = __ldg(mt + 5 * a.nblk), ute_mn = __ldg(mt + 6 * a.nblk);
+    uint32_t* sem = a.dq_sem + bwd_sem_word(a, b, h, 0) + n / 32;
+    for (int m = lane; m < a.mblk; m += 32) {
+      const int ms = m * Bm, me = min(ms + Bm, a.Sq);
+      const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+      if (skip)
+        asm volatile("red.relaxed.gpu.global.or.b32 [%0], %1;" ::"l"(sem + (int64_t)m * a.sem_words),
+                     "r"(bit)
+                     : "memory");
+    }
+  }
+}
+
+// Bits of the key blocks n+1 .. nblk-1 within word w (lanes hold consecutive words).
+__device__ __forceinline__ uint32_t bwd_sem_need(const BwdArgs& a, int n, int w) {
+  if (w >= a.sem_words) return 0u;
+  const int lo = max(n + 1 - 32 * w, 0);   // <= 31 for the words the poll visits
+  const int hi = min(a.nblk - 32 * w, 32);  // >= 1
+  const uint32_t below_hi = hi >= 32 ? ~0u : ((1u << hi) - 1u);
+  return below_hi & ~((1u << lo) - 1u);
+}
 
 // Advances (g, m) -- head g of the kv group, query tile m -- to the first tile at or after it that
 // key block n does not skip (SPEC section 3 classification on the block metadata). Uniform over
@@ -110,6 +182,16 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
   return false;
 }
 
+// Thread: one cp.reduce.async.bulk add of a Bytes/4-float dQ tile from smem into the workspace.
+template <int kFloats>
+__device__ __forceinline__ void bwd_issue_dq_reduce(float* gtile, const float* stile) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gtile),
+      "r"(cute::cast_smem_ptr_to_uint(stile)), "r"((int)(kFloats * sizeof(float)))
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
 template <class T, class TmaQ, class TmaK>
 __global__ void __launch_bounds__(T::kThreads, 1)
     flashmask_bwd_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
@@ -124,16 +206,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int n = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // Deterministic mode walks the key blocks from the last one down (blockIdx.x = 0 is the last
+  // block): a CTA only ever waits for CTAs with a smaller blockIdx, which are launched no later.
+  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x;
 
   if (tid == 0) {
-    Barrier::init(&ss.full[0], 1);
-    Barrier::init(&ss.full[1], 1);
+    for (int s = 0; s < T::Stages; ++s) Barrier::init(&ss.full[s], 1);
     Barrier::init(&ss.kv_full, 1);
+    ss.sem_prev = -1;
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  if (a.deterministic && tid / 32 == 1) bwd_mark_skipped<Bm>(a, b, hk, n, tid % 32);
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
@@ -203,7 +289,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
   Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS(_, _, 0));
   Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
@@ -228,9 +314,71 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const float sl2 = a.scale_log2;
   // This thread's two keys (rows of S^T): element e = 4*kk + 2*i + j belongs to key i.
   const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
+  const bool dq_store = T::kDqWG == T::NWG || wg == 0;  // d = 64: warpgroup 0 stores dQ
+
+  // dQ tile -> smem (bulk mode) or float2 atomics into the workspace, in the fragment order of
+  // BwdTraits (each warp's store of one accumulator pair is 256 contiguous bytes: no bank
+  // conflicts). fb = this thread's fragment base (laundered by the caller).
+  auto put_dq = [&](auto const& acc, int fb, float* gtile) {
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc); e += 2) {
+      const int off = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+      const float2 val = make_float2(acc(e), acc(e + 1));
+      if (a.dq_bulk) *reinterpret_cast<float2*>(&ss.dq[0][off]) = val;
+      else atomicAdd(reinterpret_cast<float2*>(gtile + off), val);
+    }
+  };
+  auto frag_base = [&](int tid_l) {
+    const int wq = T::kDqWG == T::NWG ? tid_l / 128 : 0;
+    return wq * 64 * T::kDqCols + ((tid_l / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (tid_l % 32);
+  };
+  // Deterministic mode, warp 0: wait until every key block above n has added its dQ to the tile
+  // whose ordering bits start at word `base` (`first` = this lane's word fetched earlier).
+  auto wait_predecessors = [&](int64_t base, uint32_t first) {
+    const int w0 = (n + 1) / 32;
+    for (int wc = w0; wc < a.sem_words; wc += 32) {
+      const int w = wc + lane;
+      const uint32_t need = bwd_sem_need(a, n, w);
+      uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
+      while (!__all_sync(0xffffffffu, (v & need) == need)) {
+        __nanosleep(64);
+        if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
+      }
+    }
+    // acquire the predecessors' adds, then order them before our (async-proxy) reduce
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    if (lane == 0) ss.sem_prev = base + n / 32;
+  };
+  auto early_bits = [&](int h_, int m_) {
+    uint32_t v = 0;
+    const int w = (n + 1) / 32 + lane;
+    if (w < a.sem_words) v = ld_relaxed_gpu(a.dq_sem + bwd_sem_word(a, b, h_, m_) + w);
+    return v;
+  };
+  // Thread 0, before the barrier after which sdQ is rewritten: the last bulk reduce has read sdQ;
+  // deterministic mode: it has completed in global memory, and its bit is published.
+  auto retire_reduce = [&]() {
+    if (a.deterministic) {
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      const int64_t w = ss.sem_prev;
+      if (w >= 0) {
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + w),
+                     "r"(1u << (n % 32))
+                     : "memory");
+        ss.sem_prev = -1;
+      }
+    } else {
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    }
+  };
+  auto issue_reduce = [&](float* gtile) { bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[0][0]); };
 
   if (have) Barrier::wait(&ss.kv_full, 0);
-  int it = 0;
+  int stage = 0, phase = 0;
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+
   while (have) {
     // Launder the per-thread coordinates: derived addresses (dS stores, dQ atomics) are then
     // recomputed each iteration instead of being hoisted into ~60 live registers (spills).
@@ -238,13 +386,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
     asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
     asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
-    const int stage = it & 1;
     const int h = hk * a.heads_per_kv + g;
     const int ms = m * Bm;
     const float* l2p = a.lse2 + ((int64_t)b * a.N + h) * a.sq_pad + ms;
     const float* dlp = a.delta + ((int64_t)b * a.N + h) * a.sq_pad + ms;
+    // deterministic (base variant): warp 0 fetches this tile's ordering bits now, checks them
+    // before the add
+    uint32_t sem_early = 0;
+    if (a.deterministic && tid < 32) sem_early = early_bits(h, m);
 
-    Barrier::wait(&ss.full[stage], (it >> 1) & 1);
+    Barrier::wait(&ss.full[stage], phase);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
 
@@ -266,6 +417,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
+
 
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
@@ -311,67 +463,58 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // dS^T -> smem as dS (query, key)
     CUTE_UNROLL
     for (int e = 0; e < size(tPrdS); ++e)
-      sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2)) = tPrdS(e);
+      sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), 0) = tPrdS(e);
     // dK += dS^T Q
     wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, stage), tdKrdK);
-#ifdef JFM_BWD_DQ_NO_OVERLAP
-    warpgroup_wait<0>();  // dV / dK GEMMs done before the dQ GEMM is issued
-    warpgroup_fence_operand(tdVrdV);
-    warpgroup_fence_operand(tdKrdK);
-#endif
     cutlass::arch::fence_view_async_shared();
-    // the previous tile's bulk reduce has finished reading sdQ before anyone rewrites it
-    if (tid == 0 && a.dq_bulk) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    __syncthreads();  // dS complete in smem
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
-    wgmma_gemm<true, -1, false>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tdVrdV);
-    warpgroup_fence_operand(tdKrdK);
-    warpgroup_fence_operand(tdQrdQ);
-    warpgroup_fence_operand(tPrP);
-    warpgroup_fence_operand(tPrdS);
-    // dQ (unscaled) -> fp32 workspace [B, N, sq_pad, D] (padded rows get zeros: dS = 0 there)
-    float* dqa = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
-    const bool dq_store = T::kDqWG == T::NWG || wg_b == 0;
-    const int dq_col0 = T::kDqWG == T::NWG ? wg_b * (D / T::NWG) : 0;
-    if (a.dq_bulk) {
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        if (!dq_store) continue;
-        const int r = row_b + 8 * ((e / 2) % 2);
-        const int c = dq_col0 + 8 * (e / 4) + col_b;
-        *reinterpret_cast<float2*>(&ss.dq[r * D + c]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+
+    {
+#ifdef JFM_BWD_DQ_NO_OVERLAP
+      warpgroup_wait<0>();  // dV / dK GEMMs done before the dQ GEMM is issued
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdKrdK);
+#endif
+      if (tid == 0 && a.dq_bulk) retire_reduce();
+      __syncthreads();  // dS complete in smem
+      wgmma_gemm<true, -1, false>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdKrdK);
+      warpgroup_fence_operand(tdQrdQ);
+      warpgroup_fence_operand(tPrP);
+      warpgroup_fence_operand(tPrdS);
+      // dQ (unscaled) -> fp32 workspace [B, N, sq_pad, D] (padded rows get zeros: dS = 0 there)
+      float* dqa = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
+      int tid_b;
+      asm volatile("mov.b32 %0, %1;" : "=r"(tid_b) : "r"(tid));
+      if (dq_store) put_dq(tdQrdQ, frag_base(tid_b), dqa);
+      if (a.dq_bulk) cutlass::arch::fence_view_async_shared();
+      __syncthreads();  // every read of this stage's Q / dO and of sdS is done
+      if (a.deterministic && tid < 32) wait_predecessors(bwd_sem_word(a, b, h, m), sem_early);
+      if (tid == 0 && a.dq_bulk) issue_reduce(dqa);
+      if (tid == 0 && phave) {
+        issue_tile(pg, pm, stage);
+        ++pm;
+        phave = bwd_find_kept<Bm, Bn>(a, b, hk, n, pg, pm, pp);
       }
-      cutlass::arch::fence_view_async_shared();
-    } else if (dq_store) {
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int r = row_b + 8 * ((e / 2) % 2);
-        const int c = dq_col0 + 8 * (e / 4) + col_b;
-        atomicAdd(reinterpret_cast<float2*>(dqa + r * D + c), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
+      __syncwarp();
     }
-    __syncthreads();  // every read of this stage's Q / dO and of sdS is done
-    if (tid == 0 && a.dq_bulk) {
-      asm volatile(
-          "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dqa),
-          "r"(cute::cast_smem_ptr_to_uint(&ss.dq[0])), "r"((int)(Bm * D * sizeof(float)))
-          : "memory");
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    if (++stage == T::Stages) {
+      stage = 0;
+      phase ^= 1;
     }
-    if (tid == 0 && phave) {
-      issue_tile(pg, pm, stage);
-      ++pm;
-      phave = bwd_find_kept<Bm, Bn>(a, b, hk, n, pg, pm, pp);
-    }
-    __syncwarp();
-    ++it;
     ++m;
     have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   }
-
-  if (tid == 0 && a.dq_bulk) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  if (tid == 0 && a.dq_bulk) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (a.deterministic && ss.sem_prev >= 0) {
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + ss.sem_prev),
+                   "r"(1u << (n % 32))
+                   : "memory");
+    }
+  }
   // Epilogue: dK * scale, dV, in the input dtype (rows past Sk are dropped).
   Elem* dk = reinterpret_cast<Elem*>(a.dk);
   Elem* dv = reinterpret_cast<Elem*>(a.dv);
@@ -393,10 +536,330 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
-template <class Elem, int D>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
-  using T = BwdTraits<Elem, D>;
-  constexpr int Bm = T::Bm, Bn = T::Bn;
+// ---------------------------------------------------------------------------------------------
+// Variant 2: warp specialized. 384 threads: warpgroup 0 = producer (setmaxnreg 40), warpgroups
+// 1-2 = the two consumer warpgroups of variant 1 (setmaxnreg 232), with no block-wide barrier in
+// the tile loop:
+//   warp 0 (one lane): K/V once, then Q/dO of every kept tile into the 2-stage ring; a stage is
+//     refilled once both consumer warpgroups arrived on its `empty` barrier (after their last
+//     GEMM reading it);
+//   warp 1 (dQ writer): per tile, waits for the consumers' fp32 dQ tile in smem (`dq_full`, two
+//     buffers), issues its bulk reduce-add (deterministic mode: after the ordering bits of the key
+//     blocks above say so; then publishes its own bit), frees the buffer (`dq_empty`);
+//   warp 2: deterministic mode only, marks the skipped tiles at CTA start.
+// Consumers per tile: S/dP -> P/dS -> dV, dS to smem (two buffers), dK -> named barrier 1 (both
+// consumer warpgroups: dS complete) -> dQ GEMM -> dQ tile to smem -> arrive; they never wait for
+// a reduce or for the loads of the next tile to be issued.
+template <class T, class TmaQ, class TmaK>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    flashmask_bwd_ws_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
+                            CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
+                            CUTE_GRID_CONSTANT TmaK const tma_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
+  using Storage = typename T::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  static_assert(T::kWS && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2, "WS layout");
+  constexpr int kConsumers = 128 * T::NWG;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      Barrier::init(&ss.full[s], 1);
+      Barrier::init(&ss.empty[s], kConsumers);
+      Barrier::init(&ss.dq_full[s], kConsumers);
+      Barrier::init(&ss.dq_empty[s], 1);
+    }
+    Barrier::init(&ss.kv_full, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
+
+  int g = 0, m = 0;
+  bool partial = false;
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+
+  if (tid < 128) {  // ---------------------------------------------------------- producer
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    const int warp = tid / 32;
+    if (warp == 0) {
+      if (lane == 0 && have) {
+        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+        auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                        group_modes<0, 2>(gK));
+        auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                        group_modes<0, 2>(gV));
+        Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+        copy(tma_k.with(ss.kv_full), tKg, tKs);
+        copy(tma_v.with(ss.kv_full), tVg, tVs);
+        int stage = 0, phase = 0;
+        while (have) {
+          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
+          const int h = hk * a.heads_per_kv + g;
+          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+          auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                          group_modes<0, 2>(gQ));
+          auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
+                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          Barrier::arrive_and_expect_tx(&ss.full[stage], 2 * Bm * D * sizeof(Elem));
+          copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+          copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+          if (++stage == S) { stage = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+      }
+    } else if (warp == 1) {
+      if (a.dq_bulk) {  // dQ writer
+        int buf = 0, phase = 0;
+        while (have) {
+          const int h = hk * a.heads_per_kv + g;
+          const int64_t base = bwd_sem_word(a, b, h, m);
+          uint32_t first = 0;
+          if (a.deterministic) {
+            const int w = (n + 1) / 32 + lane;
+            if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
+          }
+          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+          Barrier::wait(&ss.dq_full[buf], phase);
+          if (a.deterministic) {
+            const int w0 = (n + 1) / 32;
+            for (int wc = w0; wc < a.sem_words; wc += 32) {
+              const int w = wc + lane;
+              const uint32_t need = bwd_sem_need(a, n, w);
+              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
+              while (!__all_sync(0xffffffffu, (v & need) == need)) {
+                __nanosleep(64);
+                if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
+              }
+            }
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
+          if (lane == 0) {
+            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
+            if (a.deterministic) {
+              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+              asm volatile("fence.proxy.async.global;\n" ::: "memory");
+              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
+                           "r"(1u << (n % 32))
+                           : "memory");
+            } else {
+              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+            Barrier::arrive(&ss.dq_empty[buf]);
+          }
+          __syncwarp();
+          if (++buf == 2) { buf = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      }
+    } else if (warp == 2) {
+      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------- consumers
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int ctid = tid - 128;
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? ctid : ctid % 128);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  const int wg = ctid / 128;
+  const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  const bool dq_store = T::kDqWG == T::NWG || wg == 0;
+
+  clear(tdVrdV);
+  clear(tdKrdK);
+  const float sl2 = a.scale_log2;
+  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
+
+  if (have) Barrier::wait(&ss.kv_full, 0);
+  int stage = 0, phase = 0;
+  while (have) {
+    int row_b, col_b, wg_b, ctid_b;
+    asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
+    asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
+    asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
+    const int h = hk * a.heads_per_kv + g;
+    const int ms = m * Bm;
+    const float* l2p = a.lse2 + ((int64_t)b * a.N + h) * a.sq_pad + ms;
+    const float* dlp = a.delta + ((int64_t)b * a.N + h) * a.sq_pad + ms;
+
+    Barrier::wait(&ss.full[stage], phase);
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+
+    int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
+    bool koob[2] = {false, false};
+    if (partial) {
+      const int hm = h / a.heads_per_mask;
+      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int j = i == 0 ? key0 : key1;
+        koob[i] = j >= a.Sk;
+        if (!koob[i]) {
+          lts[i] = __ldg(bnd + j);
+          lte[i] = __ldg(bnd + a.Sk + j);
+          uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+          ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+        }
+      }
+    }
+
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    CUTE_UNROLL
+    for (int kk = 0; kk < Bm / 8; ++kk) {
+      const float2 l2 = __ldg(reinterpret_cast<const float2*>(l2p + 8 * kk + col_b));
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int e = 4 * kk + 2 * i + j;
+          float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+          if (partial) {
+            const int q = ms + 8 * kk + col_b + j;
+            const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+            if (masked) p = 0.f;
+          }
+          tSrS(e) = p;
+        }
+      }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrdP);
+    CUTE_UNROLL
+    for (int kk = 0; kk < Bm / 8; ++kk) {
+      const float2 dd = __ldg(reinterpret_cast<const float2*>(dlp + 8 * kk + col_b));
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int e = 4 * kk + 2 * i + j;
+          const float p = tSrS(e);
+          const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+          tPrP(e) = static_cast<Elem>(p);
+          tPrdS(e) = static_cast<Elem>(ds);
+        }
+      }
+    }
+    wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, stage), tdVrdV);
+    CUTE_UNROLL
+    for (int e = 0; e < size(tPrdS); ++e)
+      sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), stage) = tPrdS(e);
+    wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, stage), tdKrdK);
+    cutlass::arch::fence_view_async_shared();
+    // dS of this tile complete from both consumer warpgroups (named barrier 1, 256 threads).
+    // The dS buffer used two tiles ago is free too: each warpgroup finished that tile's dQ GEMM
+    // before it arrived here.
+    cutlass::arch::NamedBarrier::sync(kConsumers, 1);
+    wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, stage), tdQrK, tdQrdQ);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdQrdQ);
+    warpgroup_fence_operand(tPrP);
+    warpgroup_fence_operand(tPrdS);
+    Barrier::arrive(&ss.empty[stage]);  // this thread's reads of the Q / dO stage are done
+    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
+                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+    if (a.dq_bulk) {
+      Barrier::wait(&ss.dq_empty[stage], phase ^ 1);  // the reduce from this buffer has read it
+      if (dq_store) {
+        CUTE_UNROLL
+        for (int e = 0; e < size(tdQrdQ); e += 2) {
+          const int off = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+          *reinterpret_cast<float2*>(&ss.dq[stage][off]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+        }
+      }
+      cutlass::arch::fence_view_async_shared();
+      Barrier::arrive(&ss.dq_full[stage]);
+    } else if (dq_store) {
+      float* dqa = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        const int off = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        atomicAdd(reinterpret_cast<float2*>(dqa + off), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+      }
+    }
+    if (++stage == S) { stage = 0; phase ^= 1; }
+    ++m;
+    have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  }
+
+  Elem* dk = reinterpret_cast<Elem*>(a.dk);
+  Elem* dv = reinterpret_cast<Elem*>(a.dv);
+  CUTE_UNROLL
+  for (int e = 0; e < size(tdKrdK); e += 2) {
+    const int j = n * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
+    const int c = 8 * (e / 4) + col_base;
+    if (j < a.Sk) {
+      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
+      cutlass::Array<Elem, 2> pk, pv;
+      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
+      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
+      pv[0] = static_cast<Elem>(tdVrdV(e));
+      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
+    }
+  }
+#endif
+}
+
+template <class T>
+cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bm = T::Bm, Bn = T::Bn;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + Bm - 1) / Bm;
   const int sq_pad = mblk * Bm;
@@ -404,6 +867,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       p.rowstats_capacity < 2 * (int64_t)p.B * p.N * sq_pad ||
       p.dq_accum_capacity < (int64_t)p.B * p.N * sq_pad * D) {
     if (err) *err = "flashmask sm90 backward: workspace too small";
+    return cudaErrorInvalidValue;
+  }
+  const int sem_words = (nblk + 31) / 32;
+  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
+                          p.dq_sem_capacity < (int64_t)p.B * p.N * mblk * sem_words)) {
+    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
     return cudaErrorInvalidValue;
   }
   if (p.K > 65535 || p.B > 65535) {
@@ -419,6 +888,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   if (e != cudaSuccess) return e;
   e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * D, stream);
   if (e != cudaSuccess) return e;
+  if (p.deterministic) {
+    e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
+    if (e != cudaSuccess) return e;
+  }
 
   const Elem* q = reinterpret_cast<const Elem*>(p.q);
   const Elem* dout = reinterpret_cast<const Elem*>(p.dout);
@@ -454,8 +927,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   a.scale = p.scale;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
+  a.deterministic = p.deterministic ? 1 : 0;
+  a.dq_sem = p.dq_sem;
+  a.sem_words = sem_words;
 
-  auto kernel = &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
+  auto kernel = [&]() {
+    if constexpr (T::kWS) return &flashmask_bwd_ws_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    else return &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
+  }();
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid(nblk, p.K, p.B);
@@ -463,6 +942,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   return bwd_convert_dq_sm90(p, sq_pad, stream);
+}
+
+template <class Elem, int D>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
+  if (p.variant == 2) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
+  if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 or 2";
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace jfm::sm90

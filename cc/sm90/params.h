@@ -61,6 +61,13 @@ struct BwdParams {
   float scale;
   DType dtype;
   int dq_mode;          // 1: dQ tiles reduced by cp.reduce.async.bulk (default); 0: float2 atomics
+  // Deterministic mode (bitwise-reproducible dQ): the key-block CTAs of one query tile add their
+  // dQ in descending key-block order, ordered through one bit per (query tile, key block) in
+  // dq_sem [B, N, Sq_pad / 64, ceil(nblk / 32)] uint32 (zeroed by the launcher). Needs dq_mode 1.
+  int deterministic;
+  uint32_t* dq_sem;
+  int64_t dq_sem_capacity;  // number of uint32 available in dq_sem
+  int variant;          // 1: two warpgroups, block-wide barriers; 2: warp specialized (bwd_kernel.cuh)
 };
 
 constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this)

@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 _bwd = _cuda.backward
+VARIANTS = getattr(_cuda, "BWD_VARIANTS", (1,))
 
 
 def _seed():
@@ -88,7 +89,7 @@ def _relerr(x, ref):
 
 
 def _check(q, k, v, dout, bounds, *, scale=None, seed=None, with_dlse=True, rng=None, fn=None,
-           dq_mode=None):
+           dq_mode=None, variant=None):
     """Forward with the CUDA kernel, backward with the kernel under test, vs float64."""
     d = q.shape[-1]
     scale = float(d ** -0.5) if scale is None else scale
@@ -101,9 +102,9 @@ def _check(q, k, v, dout, bounds, *, scale=None, seed=None, with_dlse=True, rng=
     f32 = lambda x: np.asarray(x.astype(jnp.float32))  # noqa: E731
     ro, rl, rdq, rdk, rdv, empty = reference_grads(f32(q), f32(k), f32(v), bounds, f32(dout),
                                                    np.asarray(dlse), scale)
-    call = fn or (lambda *a: _bwd(*a, scale=scale, dq_mode=dq_mode))
+    call = fn or (lambda *a: _bwd(*a, scale=scale, dq_mode=dq_mode, variant=variant))
     dq, dk, dv = call(q, k, v, bj, out, lse, dout, dlse if with_dlse else None)
-    msg = f"seed={seed} dq_mode={dq_mode} q={q.shape} k={k.shape} bounds={np.shape(bounds)} dtype={q.dtype}"
+    msg = f"seed={seed} dq_mode={dq_mode} variant={variant} q={q.shape} k={k.shape} bounds={np.shape(bounds)} dtype={q.dtype}"
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape, msg
     assert dq.dtype == q.dtype and dk.dtype == k.dtype and dv.dtype == v.dtype, msg
     tol = 2e-2 if q.dtype == jnp.bfloat16 else 6e-3
@@ -128,9 +129,10 @@ def _suite(S, seed, batch=1):
             for name, m in suite.items()}
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dq_mode", [1, 0])
 @pytest.mark.parametrize("S", [1000])
-def test_mask_families(S, dq_mode):
+def test_mask_families(S, dq_mode, variant):
     _need(jnp.bfloat16, 128)
     seed = _seed()
     rng = np.random.default_rng(seed)
@@ -138,22 +140,26 @@ def test_mask_families(S, dq_mode):
     assert len(suite) == 12
     q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 128, jnp.bfloat16)
     for name, b in suite.items():
-        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode)
+        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode, variant=variant)
 
 
 # --------------------------------------------------------------------------- coverage
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_head_dims_dtypes(d, dtype):
+def test_head_dims_dtypes(d, dtype, variant):
     _need(dtype, d)
     seed = _seed()
     rng = np.random.default_rng(seed)
     Sq, Sk = 300, 333
     q, k, v, do = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
-    _check(q, k, v, do, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, rng=rng)
-    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, with_dlse=False)
+    _check(q, k, v, do, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, rng=rng, variant=variant)
+    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, with_dlse=False,
+           variant=variant)
+    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=0,
+           variant=variant)
 
 
 @pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (8, 2, 8), (8, 1, 1), (6, 3, 3)])
@@ -163,7 +169,9 @@ def test_gqa_mqa_mask_heads(N, K, Hm):
     rng = np.random.default_rng(seed)
     Sq, Sk = 200, 260
     q, k, v, do = _inputs(rng, 1, Sq, Sk, N, K, 128, jnp.bfloat16)
-    _check(q, k, v, do, random_bounds(rng, 1, Hm, Sq, Sk), seed=seed, rng=rng)
+    b = random_bounds(rng, 1, Hm, Sq, Sk)
+    for variant in VARIANTS:
+        _check(q, k, v, do, b, seed=seed, rng=rng, variant=variant)
 
 
 @pytest.mark.parametrize("Sq,Sk", [(1, 1), (1, 129), (127, 127), (129, 1000), (1000, 129), (513, 64),
@@ -174,8 +182,11 @@ def test_ragged_lengths(Sq, Sk):
     seed = _seed()
     rng = np.random.default_rng(seed)
     q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 1, 128, jnp.bfloat16)
-    _check(q, k, v, do, random_bounds(rng, 1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode)
-    _check(q, k, v, do, causal_bounds(1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode)
+    for variant in VARIANTS:
+        _check(q, k, v, do, random_bounds(rng, 1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode,
+               variant=variant)
+        _check(q, k, v, do, causal_bounds(1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode,
+               variant=variant)
 
 
 def test_fully_masked_rows_and_columns():
@@ -215,10 +226,12 @@ def test_many_key_blocks_and_heads():
     B, S, N, K = 2, 700, 6, 2
     q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
     b = causal_bounds(B, 1, S, S)
-    r1 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=1, with_dlse=False)
-    r0 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=0, with_dlse=False)
-    for x, y in zip(r1[1:], r0[1:]):  # dK, dV do not depend on the dQ mode: bitwise equal
-        np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32)))
+    for variant in VARIANTS:
+        r1 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=1, with_dlse=False, variant=variant)
+        r0 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=0, with_dlse=False, variant=variant)
+        for x, y in zip(r1[1:], r0[1:]):  # dK, dV do not depend on the dQ mode: bitwise equal
+            np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)),
+                                          np.asarray(y.astype(jnp.float32)))
 
 
 def test_vmap_matches_batched():
@@ -285,3 +298,129 @@ def test_grad_through_attention_uses_the_cuda_backward():
         w = np.asarray(w, np.float64)
         assert np.isfinite(g).all()
         assert np.linalg.norm(g - w) / np.linalg.norm(w) < 2e-2
+
+
+# --------------------------------------------------------------------------- deterministic mode
+
+
+def _bits(xs):
+    return [np.asarray(x).view(np.uint16) for x in xs]
+
+
+def _assert_same_bits(a, b, msg):
+    for name, x, y in zip(("dq", "dk", "dv"), _bits(a), _bits(b)):
+        assert np.array_equal(x, y), f"{name} differs between two deterministic runs: {msg}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", ["causal", "full", "document", "random_gqa", "random_hm_n",
+                                  "sliding_window", "many_words"])
+def test_deterministic_bitwise(case, variant):
+    """deterministic=True: two runs give bit-identical dq/dk/dv (several CTAs add into every dQ
+    tile), and the gradients are as accurate as the default mode's."""
+    _need(jnp.bfloat16, 128)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, Sq, Sk, N, K = 2, 900, 900, 4, 2
+    if case == "causal":
+        b = causal_bounds(B, 1, Sq, Sk)
+    elif case == "full":
+        b = np.zeros((B, 1, 4, Sk), np.int32); b[:, :, :2] = Sq
+    elif case in ("document", "sliding_window"):
+        b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
+    elif case == "random_gqa":
+        N, K = 8, 2
+        b = random_bounds(rng, B, 2, Sq, Sk)
+    elif case == "random_hm_n":
+        b = random_bounds(rng, B, N, Sq, Sk)
+    else:  # 36 key blocks: the ordering bits span two words per query tile
+        B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
+        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
+    det = jax.jit(lambda *a: _bwd(*a, scale=128 ** -0.5, deterministic=True, variant=variant))
+    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    # other work in between, then the same call again
+    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
+         scale=0.1)
+    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _assert_same_bits(first, second, f"seed={seed} case={case} variant={variant}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_deterministic_large_many_ctas(variant):
+    """Many concurrent CTAs per query tile (64 key blocks, chains longer than the waves): repeated
+    runs bit-identical, and equal to the default mode up to fp32 summation order."""
+    _need(jnp.bfloat16, 128)
+    rng = np.random.default_rng(1)
+    B, S, N, K = 2, 8192, 8, 2
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    for b in (causal_bounds(B, 1, S, S), np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        f = jax.jit(lambda *a, det: _bwd(*a, None, scale=0.1, deterministic=det, variant=variant),
+                    static_argnames="det")
+        runs = [f(q, k, v, bj, out, lse, do, det=True) for _ in range(3)]
+        for r in runs[1:]:
+            _assert_same_bits(runs[0], r, "large case")
+        ref = f(q, k, v, bj, out, lse, do, det=False)
+        for x, y in zip(runs[0], ref):
+            x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
+            assert _relerr(x, y) < 1e-2
+
+
+def test_deterministic_fallback_d256_and_shared_kv_heads():
+    """d=256 goes through the portable backward: reproducible too, incl. 3 mask heads per kv head
+    (the case where the portable backward would scatter-add with duplicate indices)."""
+    from jax_flashmask import _xla
+    rng = np.random.default_rng(_seed())
+    q, k, v, do = _inputs(rng, 1, 200, 230, 6, 2, 256, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 1, 6, 200, 230))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    dlse = jnp.asarray(rng.standard_normal((1, 200, 6), np.float32))
+    f = jax.jit(lambda *a: _cuda.backward(*a, scale=0.1, deterministic=True))
+    runs = [f(q, k, v, b, out, lse, do, dlse) for _ in range(3)]
+    for r in runs[1:]:
+        _assert_same_bits(runs[0], r, "d=256 fallback")
+    ref = _xla.backward(q, k, v, b, out, lse, do, dlse, scale=0.1)
+    for x, y in zip(runs[0], ref):
+        assert _relerr(np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)) < 1e-2
+
+
+def test_deterministic_flag_reaches_the_kernel():
+    """attention(deterministic=True) lowers to the backward custom call with deterministic = 1 and
+    the ordering-bit workspace; dq_mode 0 (unordered atomics) is refused in that mode."""
+    import re
+    import jax_flashmask as jf
+    _need(jnp.bfloat16, 128)
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
+
+    def lowered(det):
+        loss = lambda q, k, v: jnp.sum(jf.attention(  # noqa: E731
+            q, k, v, causal=True, implementation="cuda", deterministic=det).astype(jnp.float32))
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+
+    on, off = lowered(True), lowered(False)
+    assert re.search(r"deterministic = 1", on) and not re.search(r"deterministic = 1", off)
+    assert re.search(r"deterministic = 0", off)
+    assert "tensor<1x4x5x1xi32>" in on  # [B, N, query tiles, words] ordering bits
+    with pytest.raises(ValueError, match="dq_mode"):
+        _cuda.backward(q, k, v, jnp.asarray(causal_bounds(1, 1, 300, 300)), q, jnp.zeros((1, 300, 4)),
+                       do, None, scale=0.1, dq_mode=0, deterministic=True)
+
+
+def test_variants_agree():
+    """Variant 2 (warp specialized) and variant 1 compute the same per-CTA terms; in deterministic
+    mode both add them in the same order, so they agree to the last few bf16 ulps."""
+    _need(jnp.bfloat16, 128)
+    if len(VARIANTS) < 2:
+        pytest.skip("one backward variant compiled")
+    rng = np.random.default_rng(3)
+    q, k, v, do = _inputs(rng, 2, 1500, 1500, 8, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 2, 2, 1500, 1500))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    got = {vv: _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=vv)
+           for vv in VARIANTS}
+    for x, y in zip(got[VARIANTS[0]], got[VARIANTS[1]]):
+        x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
+        assert _relerr(x, y) < 1e-3

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call for the backward: use the extension built on the dev machine when it loads here
+# (jax_flashmask/_flashmask_cuda*.so, built against the device's jax), else build it; then the
+# backward GPU tests, the timing (variants x default/deterministic, cuDNN in the same run) and
+# compute-sanitizer on small cases. Logs under $OUT. Run from the repo root.
+#   JFM_BWD_TIME_ARGS: arguments of bwd_timing.py; JFM_BWD_STAGES: subset of "tests time san"
+set -u -o pipefail
+OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)
+PY=${PY:-python3}
+t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s]"; }
+if ! $PY -c "from jax_flashmask import _cuda; assert _cuda.is_available(), _cuda.unavailable_reason(); print('prebuilt ok', _cuda._bwd_compiled_configs())" > "$OUT/setup.log" 2>&1; then
+  echo "prebuilt extension does not load: $(tail -1 "$OUT/setup.log"); building"
+  rm -f jax_flashmask/_flashmask_cuda*.so
+  bash benchmarks/device_kernel.sh build 2>&1 | tail -12
+fi
+tail -1 "$OUT/setup.log"; el
+STAGES=${JFM_BWD_STAGES:-tests_det time tests_rest san}
+for st in $STAGES; do
+  case $st in
+  tests_det)
+    timeout ${JFM_T_TESTS1:-60} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "deterministic or variants_agree" > "$OUT/tests_det.log" 2>&1
+    echo "tests (deterministic) rc=$?: $(tail -1 "$OUT/tests_det.log")"; el
+    grep -E "^(FAILED|ERROR)" "$OUT/tests_det.log" | head -8 ;;
+  tests_rest)
+    timeout ${JFM_T_TESTS2:-70} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
+    echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
+    grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
+  time)
+    timeout ${JFM_T_TIME:-60} $PY benchmarks/bwd_timing.py ${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 1 2 --det 0 1 --cudnn --iters 4} \
+      --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
+    echo "timing rc=$?"; grep -E '^\{' "$OUT/timing.log" | python3 -c "
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print(f\"{r['impl']:26s} {r['mask']:9s} {r['ms']:8.2f} ms {r['tflops_fm']:7.1f}\")"
+    grep FAILED "$OUT/timing.log"; el ;;
+  san)
+    for tool in memcheck racecheck; do
+      timeout ${JFM_T_SAN:-20} compute-sanitizer --tool $tool $PY benchmarks/bwd_timing.py --small > "$OUT/san_$tool.log" 2>&1
+      echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/san_$tool.log" | tr '\n' ' ')"; el
+    done ;;
+  esac
+done
