@@ -353,52 +353,52 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       auto tSrQs = tSrQ(_, _, _, slot);
 
       // Element mask of a partial tile (only partial tiles pay for it): four bounds per column,
-      // from the smem copy of the K stage when the producer staged them, else from global memory.
-      auto apply_mask = [&](int n, int stage) {
+      // from the smem copy of the K stage when the producer staged them (kSmem), else from global
+      // memory. Branch-free per element (run 6: the short-circuit form compiled to a BSSY/BSYNC
+      // pair and two branches per element). Out-of-range columns get the interval [0, 2^31).
+      auto apply_mask = [&](auto kSmem, int n, int stage) {
         const int32_t* sb = &ss.bnd[stage][0][0];
         CUTE_UNROLL
         for (int kk = 0; kk < Bn / 8; ++kk) {
           const int c = 8 * kk + colq;
           const int col0 = n * Bn + c;  // even; this thread's columns col0, col0 + 1
-          int lts[2] = {0, 0}, lln[2] = {0, 0}, uts[2] = {0, 0}, uln[2] = {0, 0};
-          if (smem_bnd) {  // columns past Sk hold stale values: masked below as out of bounds
+          int lts[2], lte[2], uts[2], ute[2];
+          if constexpr (decltype(kSmem)::value) {  // columns past Sk hold stale values
             const int2 x0 = *reinterpret_cast<const int2*>(sb + c);
             const int2 x1 = *reinterpret_cast<const int2*>(sb + Bn + c);
             const int2 x2 = *reinterpret_cast<const int2*>(sb + 2 * Bn + c);
             const int2 x3 = *reinterpret_cast<const int2*>(sb + 3 * Bn + c);
-            lts[0] = x0.x; lts[1] = x0.y;
-            lln[0] = x1.x - x0.x; lln[1] = x1.y - x0.y;
-            uts[0] = x2.x; uts[1] = x2.y;
-            uln[0] = x3.x - x2.x; uln[1] = x3.y - x2.y;
+            lts[0] = x0.x; lts[1] = x0.y; lte[0] = x1.x; lte[1] = x1.y;
+            uts[0] = x2.x; uts[1] = x2.y; ute[0] = x3.x; ute[1] = x3.y;
           } else if (sk_even && col0 + 1 < a.Sk) {  // 8-byte aligned pairs: half the loads
             const int2 x0 = __ldg(reinterpret_cast<const int2*>(bnd + col0));
             const int2 x1 = __ldg(reinterpret_cast<const int2*>(bnd + a.Sk + col0));
             const int2 x2 = __ldg(reinterpret_cast<const int2*>(bnd + 2 * (int64_t)a.Sk + col0));
             const int2 x3 = __ldg(reinterpret_cast<const int2*>(bnd + 3 * (int64_t)a.Sk + col0));
-            lts[0] = x0.x; lts[1] = x0.y;
-            lln[0] = x1.x - x0.x; lln[1] = x1.y - x0.y;
-            uts[0] = x2.x; uts[1] = x2.y;
-            uln[0] = x3.x - x2.x; uln[1] = x3.y - x2.y;
+            lts[0] = x0.x; lts[1] = x0.y; lte[0] = x1.x; lte[1] = x1.y;
+            uts[0] = x2.x; uts[1] = x2.y; ute[0] = x3.x; ute[1] = x3.y;
           } else {
             CUTE_UNROLL
             for (int j = 0; j < 2; ++j) {
-              if (col0 + j < a.Sk) {
-                lts[j] = __ldg(bnd + col0 + j);
-                lln[j] = __ldg(bnd + a.Sk + col0 + j) - lts[j];
-                uts[j] = __ldg(bnd + 2 * (int64_t)a.Sk + col0 + j);
-                uln[j] = __ldg(bnd + 3 * (int64_t)a.Sk + col0 + j) - uts[j];
-              }
+              const int cj = min(col0 + j, a.Sk - 1);  // clamped: out-of-range columns masked below
+              lts[j] = __ldg(bnd + cj);
+              lte[j] = __ldg(bnd + a.Sk + cj);
+              uts[j] = __ldg(bnd + 2 * (int64_t)a.Sk + cj);
+              ute[j] = __ldg(bnd + 3 * (int64_t)a.Sk + cj);
             }
           }
           CUTE_UNROLL
           for (int j = 0; j < 2; ++j) {
             const bool oob = col0 + j >= a.Sk;
+            const int l0 = oob ? 0 : lts[j];
+            const unsigned ll = oob ? 0x7fffffffu : (unsigned)max(lte[j] - lts[j], 0);
+            const unsigned ul = (unsigned)max(ute[j] - uts[j], 0);
             CUTE_UNROLL
             for (int i = 0; i < 2; ++i) {
               const int r = row0 + 8 * i;
-              const bool masked = oob || ((unsigned)(r - lts[j]) < (unsigned)max(lln[j], 0)) ||
-                                  ((unsigned)(r - uts[j]) < (unsigned)max(uln[j], 0));
-              if (masked) tSrS(4 * kk + 2 * i + j) = -INFINITY;
+              const bool masked = ((unsigned)(r - l0) < ll) | ((unsigned)(r - uts[j]) < ul);
+              float& sv = tSrS(4 * kk + 2 * i + j);
+              sv = masked ? -INFINITY : sv;
             }
           }
         }
@@ -451,11 +451,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // A partial block's staged bounds live in its K stage: release K only after the mask.
       auto mask_and_release_k = [&](bool partial, int n, cutlass::PipelineState<T::Stages> st) {
         if (partial && smem_bnd) {
-          apply_mask(n, st.index());
+          apply_mask(cute::true_type{}, n, st.index());
           pipe_k.consumer_release(st);
         } else {
           pipe_k.consumer_release(st);
-          if (partial) apply_mask(n, st.index());
+          if (partial) apply_mask(cute::false_type{}, n, st.index());
         }
       };
 
