@@ -197,8 +197,11 @@ DEFAULT_BWD_DQ_MODE = 1
 #      barriers per tile;
 #   2: warp specialized: a producer warpgroup (TMA warp, dQ-writer warp; setmaxnreg 24) and the
 #      two consumer warpgroups (240), mbarrier hand-offs, double-buffered dS and dQ tiles, one
-#      named barrier per tile between the consumers.
-BWD_VARIANTS = (1, 2)
+#      named barrier per tile between the consumers;
+#   3: variant 2 with the consumer warpgroups out of lock-step (ping-pong): each tile's dQ GEMM
+#      issued two tiles later, dS buffers guarded by mbarriers instead of the named barrier, GEMM
+#      issue alternating between the warpgroups (named barriers), row statistics by bulk copy.
+BWD_VARIANTS = (1, 2, 3)
 DEFAULT_BWD_VARIANT = 2  # H200 2026-11-30: +2-6 % over variant 1, and deterministic mode -1..-12 %
                          # (variant 1: -18..-30 %); benchmarks/NOTES.md "Backward", run of 11-30
 

@@ -22,14 +22,19 @@
 #include "fwd_kernel.cuh"  // wgmma_gemm, fast_exp2, CuTe / CUTLASS includes
 #include "bwd_launch.cuh"
 
+#include <type_traits>
+
 namespace jfm::sm90 {
 
 // kWS = false: kernel variant 1 (two warpgroups, thread 0 issues the loads, two block-wide
 // barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
-template <class Elem_, int D_, bool WS_ = false>
+// PP_ = true (with WS_): kernel variant 3, flashmask_bwd_pp_kernel (ping-pong consumers).
+template <class Elem_, int D_, bool WS_ = false, bool PP_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kWS = WS_;
+  static constexpr bool kPP = PP_;
+  static_assert(!PP_ || WS_, "variant 3 is warp specialized");
   static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = kWS ? 2 : 1;  // dS tiles in smem
@@ -74,6 +79,17 @@ struct BwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kDqWG>, _1>>{}));
 
+  // Variant 3 extras: the tile's row statistics (lse2, D) by bulk copy with its Q / dO stage, and
+  // the mbarriers that replace variant 2's per-tile named barrier around the dS tiles.
+  struct PPExtra {
+    alignas(16) float rs[Stages][2][Bm];  // [stage][0] = lse * log2(e), [stage][1] = D
+    int64_t dq_off[kDsBufs];              // dq_mode 0: workspace offset of the tile in dS buffer
+    alignas(8) uint64_t ds_full[kDsBufs];   // dS tile stored by all 256 consumer threads
+    alignas(8) uint64_t ds_empty[kDsBufs];  // dQ GEMM on the dS tile done in both warpgroups
+  };
+  struct NoExtra {};
+  using Extra = std::conditional_t<PP_, PPExtra, NoExtra>;
+
   struct SharedStorage {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> dO;
@@ -87,6 +103,7 @@ struct BwdTraits {
     alignas(8) uint64_t dq_empty[kDqBufs]; // WS: dQ tile read by its bulk reduce
     alignas(8) uint64_t kv_full;       // K + V landed
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
+    Extra x;                           // variant 3 only
   };
 };
 
@@ -856,6 +873,406 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Variant 3: variant 2 with the two consumer warpgroups out of lock-step (ping-pong). Variant 2
+// meets at a named barrier once per tile (the dQ GEMM reads both warpgroups' dS), so both run
+// their exp/dS math at the same time while the tensor cores idle. Here:
+//  * the dQ GEMM of tile t is issued two tiles later (in the GEMM section that follows the math of
+//    tile t+1), when the other warpgroup's dS of tile t is certainly stored: ds_full[buf] (256
+//    arrivals after each thread's dS store + proxy fence) replaces the named barrier, and
+//    ds_empty[buf] (256 arrivals after the dQ GEMM on it completed) guards the rewrite of a dS
+//    buffer two tiles on;
+//  * the GEMM issue of the two warpgroups alternates through named barriers 1 and 2 (as the
+//    forward's ping-pong): per warpgroup and tile one "section" = [dQ GEMM of tile t-1, wait for it
+//    and for this tile's dV/dK GEMMs, release the Q/dO stage, dQ tile to smem, S/dP GEMMs of tile
+//    t+1]; the other warpgroup's exp/dS math runs under it. Sections: one before the loop (S/dP
+//    of the first tile), one per tile, one after (the last tile's dQ GEMM), the same count in both
+//    warpgroups; warpgroup 1 pre-arrives once so that warpgroup 0 goes first and skips its last
+//    arrive, so every named-barrier phase is matched;
+//  * the tile's row statistics (lse2, D) come into smem by bulk copy on the Q/dO stage's `full`
+//    barrier instead of global loads inside the math (an L2 round trip after each GEMM wait).
+// Producer warpgroup as variant 2 (the dQ-writer warp is unchanged: dQ tiles still arrive in
+// tile order, through the same two smem buffers, only two tiles later).
+// Variant 3's consumer hand-offs, with "memory" clobbers so that the compiler keeps the plain
+// smem accesses (dS stores, row statistics and dQ-offset loads) on the right side of them (the
+// CUTLASS barrier and proxy-fence wrappers carry no clobber).
+__device__ __forceinline__ void pp_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(bar))
+               : "memory");
+}
+__device__ __forceinline__ void pp_wait(uint64_t* bar, int parity) {
+  cutlass::arch::ClusterTransactionBarrier::wait(bar, parity);
+  asm volatile("" ::: "memory");
+}
+__device__ __forceinline__ void pp_fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <class T, class TmaQ, class TmaK>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    flashmask_bwd_pp_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
+                            CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
+                            CUTE_GRID_CONSTANT TmaK const tma_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
+  using Storage = typename T::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  static_assert(T::kWS && T::kPP && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2, "PP layout");
+  constexpr int kConsumers = 128 * T::NWG;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      Barrier::init(&ss.full[s], 1);
+      Barrier::init(&ss.empty[s], kConsumers);
+      Barrier::init(&ss.dq_full[s], kConsumers);
+      Barrier::init(&ss.dq_empty[s], 1);
+      Barrier::init(&ss.x.ds_full[s], kConsumers);
+      Barrier::init(&ss.x.ds_empty[s], kConsumers);
+    }
+    Barrier::init(&ss.kv_full, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
+
+  int g = 0, m = 0;
+  bool partial = false;
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+
+  if (tid < 128) {  // ---------------------------------------------------------- producer
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    const int warp = tid / 32;
+    if (warp == 0) {
+      if (lane == 0 && have) {
+        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+        auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                        group_modes<0, 2>(gK));
+        auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                        group_modes<0, 2>(gV));
+        Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+        copy(tma_k.with(ss.kv_full), tKg, tKs);
+        copy(tma_v.with(ss.kv_full), tVg, tVs);
+        int stage = 0, phase = 0;
+        while (have) {
+          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
+          const int h = hk * a.heads_per_kv + g;
+          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+          auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                          group_modes<0, 2>(gQ));
+          auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
+                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                        2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+          copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+          copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+          // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
+          const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+          SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
+                                   Bm * (int)sizeof(float));
+          SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
+                                   Bm * (int)sizeof(float));
+          if (++stage == S) { stage = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+      }
+    } else if (warp == 1) {
+      if (a.dq_bulk) {  // dQ writer (as variant 2)
+        int buf = 0, phase = 0;
+        while (have) {
+          const int h = hk * a.heads_per_kv + g;
+          const int64_t base = bwd_sem_word(a, b, h, m);
+          uint32_t first = 0;
+          if (a.deterministic) {
+            const int w = (n + 1) / 32 + lane;
+            if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
+          }
+          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+          Barrier::wait(&ss.dq_full[buf], phase);
+          if (a.deterministic) {
+            const int w0 = (n + 1) / 32;
+            for (int wc = w0; wc < a.sem_words; wc += 32) {
+              const int w = wc + lane;
+              const uint32_t need = bwd_sem_need(a, n, w);
+              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
+              while (!__all_sync(0xffffffffu, (v & need) == need)) {
+                __nanosleep(64);
+                if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
+              }
+            }
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
+          if (lane == 0) {
+            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
+            if (a.deterministic) {
+              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+              asm volatile("fence.proxy.async.global;\n" ::: "memory");
+              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
+                           "r"(1u << (n % 32))
+                           : "memory");
+            } else {
+              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+            Barrier::arrive(&ss.dq_empty[buf]);
+          }
+          __syncwarp();
+          if (++buf == 2) { buf = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      }
+    } else if (warp == 2) {
+      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------- consumers
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int ctid = tid - 128;
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? ctid : ctid % 128);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  const int wg = ctid / 128;
+  const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  const bool dq_store = T::kDqWG == T::NWG || wg == 0;
+
+  clear(tdVrdV);
+  clear(tdKrdK);
+  const float sl2 = a.scale_log2;
+  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
+
+  // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
+  auto turn_begin = [&]() {
+    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  };
+  auto turn_end = [&](bool last) {
+    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  };
+  auto sdp_gemms = [&](int st) {
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
+  };
+  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
+  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
+  auto put_dq = [&](int buf, int par, int64_t off) {
+    int ctid_b;
+    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
+                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+    if (a.dq_bulk) {
+      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
+      if (dq_store) {
+        CUTE_UNROLL
+        for (int e = 0; e < size(tdQrdQ); e += 2) {
+          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+        }
+      }
+      pp_fence_async_smem();
+      pp_arrive(&ss.dq_full[buf]);
+    } else if (dq_store) {
+      float* dqa = a.dq_accum + off;
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+      }
+    }
+  };
+
+  if (have) {
+    pp_wait(&ss.kv_full, 0);
+    if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
+    // Tile t uses Q/dO stage, dS buffer and dQ buffer t % 2, with parity (t / 2) % 2. No wgmma
+    // group is in flight across the loop's back edge (ptxas would serialize them).
+    int t = 0;
+    while (true) {
+      const int st = t & 1, par = (t >> 1) & 1;
+      // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t
+      turn_begin();
+      if (t >= 2) {
+        // both warpgroups stored their dS of tile t-2 before their previous section
+        pp_wait(&ss.x.ds_full[st], par ^ 1);
+        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+        const int64_t off = a.dq_bulk ? 0 : ss.x.dq_off[st];
+        pp_arrive(&ss.x.ds_empty[st]);
+        put_dq(st, par ^ 1, off);
+      }
+      pp_wait(&ss.full[st], par);
+      sdp_gemms(st);
+      turn_end(false);
+
+      // ---- math of tile t (under the other warpgroup's section)
+      int row_b, col_b, wg_b;
+      asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
+      asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
+      asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
+      const int h = hk * a.heads_per_kv + g;
+      const int ms = m * Bm;
+      const float* l2s = &ss.x.rs[st][0][0];
+      const float* dls = &ss.x.rs[st][1][0];
+
+      int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
+      bool koob[2] = {false, false};
+      if (partial) {
+        const int hm = h / a.heads_per_mask;
+        const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const int j = i == 0 ? key0 : key1;
+          koob[i] = j >= a.Sk;
+          if (!koob[i]) {
+            lts[i] = __ldg(bnd + j);
+            lte[i] = __ldg(bnd + a.Sk + j);
+            uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+            ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+          }
+        }
+      }
+
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      CUTE_UNROLL
+      for (int kk = 0; kk < Bm / 8; ++kk) {
+        const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const int e = 4 * kk + 2 * i + j;
+            float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+            if (partial) {
+              const int q = ms + 8 * kk + col_b + j;
+              const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+              if (masked) p = 0.f;
+            }
+            tSrS(e) = p;
+          }
+        }
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrdP);
+      CUTE_UNROLL
+      for (int kk = 0; kk < Bm / 8; ++kk) {
+        const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const int e = 4 * kk + 2 * i + j;
+            const float p = tSrS(e);
+            const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+            tPrP(e) = static_cast<Elem>(p);
+            tPrdS(e) = static_cast<Elem>(ds);
+          }
+        }
+      }
+      wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+      // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
+      pp_wait(&ss.x.ds_empty[st], par ^ 1);
+      CUTE_UNROLL
+      for (int e = 0; e < size(tPrdS); ++e)
+        sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
+      if (!a.dq_bulk && ctid == 0) ss.x.dq_off[st] = (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
+      pp_fence_async_smem();
+      pp_arrive(&ss.x.ds_full[st]);
+      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdKrdK);
+      warpgroup_fence_operand(tPrP);
+      warpgroup_fence_operand(tPrdS);
+      pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+
+      ++m;
+      have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+      if (!have) break;
+      ++t;
+    }
+    // ---- last section: dQ GEMMs of tiles t-1 and t
+    turn_begin();
+    CUTE_UNROLL
+    for (int u = 1; u >= 0; --u) {
+      const int tu = t - u;
+      if (tu >= 0) {
+        const int st = tu & 1, par = (tu >> 1) & 1;
+        pp_wait(&ss.x.ds_full[st], par);
+        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+        const int64_t off = a.dq_bulk ? 0 : ss.x.dq_off[st];
+        put_dq(st, par, off);
+      }
+    }
+    turn_end(true);
+  }
+
+  Elem* dk = reinterpret_cast<Elem*>(a.dk);
+  Elem* dv = reinterpret_cast<Elem*>(a.dv);
+  CUTE_UNROLL
+  for (int e = 0; e < size(tdKrdK); e += 2) {
+    const int j = n * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
+    const int c = 8 * (e / 4) + col_base;
+    if (j < a.Sk) {
+      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
+      cutlass::Array<Elem, 2> pk, pv;
+      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
+      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
+      pv[0] = static_cast<Elem>(tdVrdV(e));
+      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
+    }
+  }
+#endif
+}
+
 template <class T>
 cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
   using Elem = typename T::Elem;
@@ -932,7 +1349,8 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   a.sem_words = sem_words;
 
   auto kernel = [&]() {
-    if constexpr (T::kWS) return &flashmask_bwd_ws_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    if constexpr (T::kPP) return &flashmask_bwd_pp_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    else if constexpr (T::kWS) return &flashmask_bwd_ws_kernel<T, decltype(tma_q), decltype(tma_k)>;
     else return &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
   }();
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -947,8 +1365,9 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
 template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
   if (p.variant == 2) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
+  if (p.variant == 3) return launch_bwd_impl<BwdTraits<Elem, D, true, true>>(p, stream, err);
   if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 or 2";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 1, 2 or 3";
   return cudaErrorInvalidValue;
 }
 
