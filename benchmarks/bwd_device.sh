@@ -3,7 +3,11 @@
 # (jax_flashmask/_flashmask_cuda*.so, built against the device's jax), else build it; then the
 # backward GPU tests, the timing (variants x default/deterministic, cuDNN in the same run) and
 # compute-sanitizer on small cases. Logs under $OUT. Run from the repo root.
-#   JFM_BWD_TIME_ARGS: arguments of bwd_timing.py; JFM_BWD_STAGES: subset of "tests time san"
+#   JFM_BWD_TIME_ARGS: arguments of bwd_timing.py; JFM_BWD_STAGES: subset of
+#   "smoke tests_det time tests_rest san"; JFM_BWD_TEST_VARIANTS: kernel variants the tests run
+#   (default 2,3); JFM_BWD_SAN_ARGS: extra arguments of `bwd_timing.py --small` under the sanitizers
+#   (default --variants 3). The smoke stage runs the small cases of variant 3 alone under a short
+#   timeout; if it fails or hangs, variant 3 is dropped from the later stages (no budget lost to it).
 set -u -o pipefail
 OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)
@@ -15,9 +19,21 @@ if ! $PY -c "from jax_flashmask import _cuda; assert _cuda.is_available(), _cuda
   bash benchmarks/device_kernel.sh build 2>&1 | tail -12
 fi
 tail -1 "$OUT/setup.log"; el
-STAGES=${JFM_BWD_STAGES:-tests_det time tests_rest san}
+STAGES=${JFM_BWD_STAGES:-smoke tests_det time tests_rest san}
+export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-2,3}
+TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 2 3 --det 0 1 --cudnn --iters 4}
+SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants 3}
 for st in $STAGES; do
   case $st in
+  smoke)
+    timeout ${JFM_T_SMOKE:-30} $PY benchmarks/bwd_timing.py --small --variants 3 > "$OUT/smoke_v3.log" 2>&1
+    rc=$?; echo "variant 3 smoke rc=$rc: $(tail -1 "$OUT/smoke_v3.log")"; el
+    if [ $rc -ne 0 ]; then
+      echo "variant 3 FAILED its smoke run: dropped from tests, timing and sanitizers"
+      export JFM_BWD_TEST_VARIANTS=2
+      TIME_ARGS=$(echo "$TIME_ARGS" | sed 's/--variants 2 3/--variants 2/')
+      SAN_ARGS="--variants 2"
+    fi ;;
   tests_det)
     timeout ${JFM_T_TESTS1:-60} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "deterministic or variants_agree" > "$OUT/tests_det.log" 2>&1
     echo "tests (deterministic) rc=$?: $(tail -1 "$OUT/tests_det.log")"; el
@@ -27,7 +43,7 @@ for st in $STAGES; do
     echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
   time)
-    timeout ${JFM_T_TIME:-60} $PY benchmarks/bwd_timing.py ${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 1 2 --det 0 1 --cudnn --iters 4} \
+    timeout ${JFM_T_TIME:-60} $PY benchmarks/bwd_timing.py $TIME_ARGS \
       --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
     echo "timing rc=$?"; grep -E '^\{' "$OUT/timing.log" | python3 -c "
 import sys, json
@@ -36,7 +52,7 @@ for l in sys.stdin:
     grep FAILED "$OUT/timing.log"; el ;;
   san)
     for tool in memcheck racecheck; do
-      timeout ${JFM_T_SAN:-20} compute-sanitizer --tool $tool $PY benchmarks/bwd_timing.py --small > "$OUT/san_$tool.log" 2>&1
+      timeout ${JFM_T_SAN:-20} compute-sanitizer --tool $tool $PY benchmarks/bwd_timing.py --small $SAN_ARGS > "$OUT/san_$tool.log" 2>&1
       echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/san_$tool.log" | tr '\n' ' ')"; el
     done ;;
   esac

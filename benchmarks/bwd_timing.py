@@ -35,8 +35,9 @@ def timeit(f, *args, iters=10, warmup=2):
     return statistics.median(ts), min(ts)
 
 
-def small_cases():
-    """A few small launches (both dQ modes, d 64/128, ragged, GQA) for compute-sanitizer."""
+def small_cases(variants=None):
+    """A few small launches (both dQ modes, d 64/128, ragged, GQA) for compute-sanitizer.
+    variants: kernel variants to run (default: all compiled)."""
     import numpy as np
     rng = np.random.default_rng(0)
     for (Sq, Sk, N, K, d, dt) in [(129, 200, 4, 2, 128, jnp.bfloat16), (70, 333, 2, 1, 64, jnp.float16)]:
@@ -48,7 +49,7 @@ def small_cases():
         b[:, :, 1] = Sq
         b = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
-        for variant in getattr(_cuda, "BWD_VARIANTS", (1,)):
+        for variant in variants or getattr(_cuda, "BWD_VARIANTS", (1,)):
             for mode, det in ((1, False), (0, False), (1, True)):
                 jax.block_until_ready(_bwd(q, k, k, b, out, lse, do, None, scale=0.1, dq_mode=mode,
                                            deterministic=det, variant=variant))
@@ -56,8 +57,11 @@ def small_cases():
 
 
 def main():
-    if "--small" in sys.argv:
-        return small_cases()
+    if "--small" in sys.argv:  # [--variants V ...] restricts the variants
+        av = sys.argv
+        vs = ([int(x) for x in av[av.index("--variants") + 1:] if x.isdigit()]
+              if "--variants" in av else None)
+        return small_cases(vs)
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, nargs="+", default=[8192])
     ap.add_argument("--masks", nargs="+", default=["full", "causal"])
