@@ -12,7 +12,9 @@
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
 // Kernel variants: 1 = flashmask_bwd_kernel (thread 0 issues loads and reduces, two block-wide
 // barriers per tile); 2 = flashmask_bwd_ws_kernel (warp specialized: producer warpgroup with a
-// TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default).
+// TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default);
+// 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
+// GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //

@@ -67,7 +67,8 @@ struct BwdParams {
   int deterministic;
   uint32_t* dq_sem;
   int64_t dq_sem_capacity;  // number of uint32 available in dq_sem
-  int variant;          // 1: two warpgroups, block-wide barriers; 2: warp specialized (bwd_kernel.cuh)
+  int variant;          // 1: two warpgroups, block-wide barriers; 2: warp specialized; 3: warp
+                        // specialized, ping-pong consumer warpgroups (bwd_kernel.cuh)
 };
 
 constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this)
