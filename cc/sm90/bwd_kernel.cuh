@@ -85,7 +85,6 @@ struct BwdTraits {
   // the mbarriers that replace variant 2's per-tile named barrier around the dS tiles.
   struct PPExtra {
     alignas(16) float rs[Stages][2][Bm];  // [stage][0] = lse * log2(e), [stage][1] = D
-    int64_t dq_off[kDsBufs];              // dq_mode 0: workspace offset of the tile in dS buffer
     alignas(8) uint64_t ds_full[kDsBufs];   // dS tile stored by all 256 consumer threads
     alignas(8) uint64_t ds_empty[kDsBufs];  // dQ GEMM on the dS tile done in both warpgroups
   };
@@ -1136,6 +1135,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // Tile t uses Q/dO stage, dS buffer and dQ buffer t % 2, with parity (t / 2) % 2. No wgmma
     // group is in flight across the loop's back edge (ptxas would serialize them).
     int t = 0;
+    int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
     while (true) {
       const int st = t & 1, par = (t >> 1) & 1;
       // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t
@@ -1144,7 +1144,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // both warpgroups stored their dS of tile t-2 before their previous section
         pp_wait(&ss.x.ds_full[st], par ^ 1);
         wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        const int64_t off = a.dq_bulk ? 0 : ss.x.dq_off[st];
+        const int64_t off = (int64_t)lin2 * (Bm * D);
         pp_arrive(&ss.x.ds_empty[st]);
         put_dq(st, par ^ 1, off);
       }
@@ -1223,7 +1223,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       CUTE_UNROLL
       for (int e = 0; e < size(tPrdS); ++e)
         sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
-      if (!a.dq_bulk && ctid == 0) ss.x.dq_off[st] = (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
       wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
@@ -1233,6 +1232,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       warpgroup_fence_operand(tPrP);
       warpgroup_fence_operand(tPrdS);
       pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+      lin2 = lin1;
+      lin1 = (b * a.N + h) * a.mblk + m;
 
       ++m;
       have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
@@ -1248,8 +1249,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const int st = tu & 1, par = (tu >> 1) & 1;
         pp_wait(&ss.x.ds_full[st], par);
         wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        const int64_t off = a.dq_bulk ? 0 : ss.x.dq_off[st];
-        put_dq(st, par, off);
+        put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
       }
     }
     turn_end(true);
