@@ -200,7 +200,8 @@ DEFAULT_BWD_DQ_MODE = 1
 #      named barrier per tile between the consumers;
 #   3: variant 2 with the consumer warpgroups out of lock-step (ping-pong): each tile's dQ GEMM
 #      issued two tiles later, dS buffers guarded by mbarriers instead of the named barrier, GEMM
-#      issue alternating between the warpgroups (named barriers), row statistics by bulk copy.
+#      issue alternating between the warpgroups (named barriers), row statistics by bulk copy
+#      (compiled and SASS-checked 2026-11-30; not yet run on a device when added).
 BWD_VARIANTS = (1, 2, 3)
 DEFAULT_BWD_VARIANT = 2  # H200 2026-11-30: +2-6 % over variant 1, and deterministic mode -1..-12 %
                          # (variant 1: -18..-30 %); benchmarks/NOTES.md "Backward", run of 11-30
