@@ -201,10 +201,11 @@ DEFAULT_BWD_DQ_MODE = 1
 #   3: variant 2 with the consumer warpgroups out of lock-step (ping-pong): each tile's dQ GEMM
 #      issued two tiles later, dS buffers guarded by mbarriers instead of the named barrier, GEMM
 #      issue alternating between the warpgroups (named barriers), row statistics by bulk copy
-#      (compiled and SASS-checked 2026-11-30; not yet run on a device when added).
+#      (H200 2026-11-30 run A: 52 GPU tests, sanitizers clean).
 BWD_VARIANTS = (1, 2, 3)
-DEFAULT_BWD_VARIANT = 2  # H200 2026-11-30: +2-6 % over variant 1, and deterministic mode -1..-12 %
-                         # (variant 1: -18..-30 %); benchmarks/NOTES.md "Backward", run of 11-30
+DEFAULT_BWD_VARIANT = 3  # H200 2026-11-30 run A: +10..16 % over variant 2 (full 386, causal 361,
+                         # document 318 TFLOP/s at 8K), deterministic -2..-11 %;
+                         # benchmarks/results/bwd_dev_2026-11-30_run2.md
 
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
