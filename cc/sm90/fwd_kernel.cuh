@@ -134,7 +134,7 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TA const& tA, TB const
 template <int Bn>
 struct KeptBlocks {
   const int32_t* mt;
-  int nblk, ms, me, Sk, lane;
+  int nblk, ms, me, Sk;
   int base;
   unsigned keep, part;
   int nxt;
@@ -142,12 +142,17 @@ struct KeptBlocks {
 
   KeptBlocks() = default;
   __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_)
-      : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), lane(lane_), base(0) {
+      : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), base(0) {
+    (void)lane_;
     scan();
     advance();
   }
   __device__ __forceinline__ void scan() {
-    const int n = base + lane;
+    // the lane id is read here, not kept in a member: a member was one more live register across
+    // the consumer's tile loop and ptxas spilled it (variant 6 build)
+    unsigned lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const int n = base + (int)lane;
     bool k = false, p = false;
     if (n < nblk) {
       const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
