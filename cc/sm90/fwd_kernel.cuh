@@ -33,6 +33,10 @@ struct FwdTraits {
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
   static constexpr int Bm = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
+  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
+  // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
+  static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
+  static constexpr int kRegConsumer = Bn > 128 ? 240 : 232;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
 
@@ -253,7 +257,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // the consumers can classify the tile's key blocks before its Q lands.
   if (wg == 0) {
     // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
-    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<T::kRegProducer>();
     if (warp == 0) {
       Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
@@ -318,7 +322,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     // ---------------- consumer warpgroups ----------------
-    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_alloc<T::kRegConsumer>();
     const int ctid = threadIdx.x - 128;
     typename T::TiledMmaQK mma_qk;
     typename T::TiledMmaPV mma_pv;
@@ -664,7 +668,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // per tile (1, 2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
   // global memory by the consumers (1, 2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6;
+  // Variant 7 = variant 3 on the Bn = 176 instantiation (fwd_dispatch.cu).
+  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -701,7 +706,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6) && p.Sk % 4 == 0 &&
+  a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7) &&
+                  p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
   a.tile_overlap = Overlap && p.variant == 6;

@@ -64,12 +64,18 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 
 # Kernel variants exercised by every check (jax_flashmask._cuda.TESTED_VARIANTS): 2 = one CTA per
 # tile, 3 = persistent grid with a dynamic tile counter and smem-staged bounds (the default),
-# 4 = one CTA per tile with smem-staged bounds, 6 = 3 + tile-boundary overlap. Variant 1 (one
+# 4 = one CTA per tile with smem-staged bounds, 6 = 3 + tile-boundary overlap, 7 = 3 with key
+# blocks of 176 (d = 128 only; skipped elsewhere). Variant 1 (one
 # consumer warpgroup) has its own test. JFM_TEST_VARIANTS="3,6" overrides the list (the device
 # script runs the new variants in a separate, time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
 VARIANTS = (tuple(int(x) for x in _env_variants.split(",") if x.strip()) if _env_variants
             else tuple(getattr(_cuda, "TESTED_VARIANTS", (2,))))
+
+
+def _supported(var, dtype, d):
+    f = getattr(_cuda, "variant_supported", None)
+    return True if f is None else f(var, dtype, d)
 
 
 def _check(q, k, v, bounds, *, scale=None, seed=None, variants=None, fn=None):
@@ -78,7 +84,9 @@ def _check(q, k, v, bounds, *, scale=None, seed=None, variants=None, fn=None):
     ro, rl = reference(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), bounds, scale)
     empty = ~np.isfinite(rl)
     atol, rtol = TOL[jnp.dtype(q.dtype).type]
-    runs = [("fn", fn)] if fn is not None else [(f"variant={var}", var) for var in (variants or VARIANTS)]
+    if variants is None:  # the tested variants compiled for this (dtype, d) (variant 7: d=128 only)
+        variants = [var for var in VARIANTS if _supported(var, q.dtype, d)]
+    runs = [("fn", fn)] if fn is not None else [(f"variant={var}", var) for var in variants]
     for label, what in runs:
         if fn is not None:
             out, lse = fn(q, k, v, jnp.asarray(bounds))
@@ -177,7 +185,7 @@ def test_fully_masked_rows():
     _check(q, k, v, b, seed=seed)
     everything = np.zeros((1, 1, 4, Sk), np.int32)
     everything[:, :, 1] = Sq
-    for var in VARIANTS:
+    for var in [var for var in VARIANTS if _supported(var, q.dtype, 128)]:
         out, lse = _cuda.forward(q, k, v, jnp.asarray(everything), scale=0.1, variant=var)
         assert np.all(np.asarray(out.astype(jnp.float32)) == 0.0)
         assert np.all(np.asarray(lse) == -np.inf)
@@ -224,7 +232,7 @@ def test_sm_margin_identical(d):
     q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, 2, S, S)):
         b = jnp.asarray(b)
-        for var in sorted(({3, 5, 6} & set(VARIANTS)) | {3}):
+        for var in sorted(v for v in ({3, 5, 6, 7} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
             ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
             ro = np.asarray(ro.astype(jnp.float32))
             rl = np.asarray(rl)
