@@ -78,7 +78,8 @@ from jax_flashmask import _cuda
 rng = np.random.default_rng(0)
 variants = [int(x) for x in os.environ.get("JFM_SAN_VARIANTS", "2,3,4").split(",")]
 cases = [(129, 200, 2, 128, jnp.bfloat16), (65, 70, 2, 256, jnp.float16), (1, 130, 2, 64, jnp.bfloat16),
-         (1100, 1100, 32, 64, jnp.bfloat16)]  # the last: 9 x 32 = 288 tiles > 132 SMs (persistent loop)
+         (1100, 1100, 32, 64, jnp.bfloat16),   # 9 x 32 = 288 tiles > 132 SMs (persistent loop)
+         (1100, 1100, 16, 128, jnp.bfloat16)]  # 144 tiles, d = 128 (variants 6 and 7)
 for (Sq, Sk, N, d, dt) in cases:
     q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
     k = jnp.asarray(rng.standard_normal((1, Sk, 1, d)), dt)
@@ -88,14 +89,16 @@ for (Sq, Sk, N, d, dt) in cases:
             continue
         o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var)
         jax.block_until_ready((o, l))
+        print(f"ran Sq={Sq} d={d} variant={var}", flush=True)
         if var in (3, 5, 6, 7) and Sq > 1000:  # few persistent CTAs: many tiles per CTA, both Q slots
             o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var, sm_margin=124)
             jax.block_until_ready((o, l))
+            print(f"ran Sq={Sq} d={d} variant={var} sm_margin=124", flush=True)
 print("sanitize case done")
 PY
   for tool in ${JFM_SAN_TOOLS:-memcheck racecheck}; do
     timeout ${JFM_SAN_TIMEOUT:-90} compute-sanitizer --tool $tool \
       $PY /tmp/jfm_san.py > "$OUT/sanitizer_$tool.log" 2>&1
-    echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+    echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/sanitizer_$tool.log" | tr '\n' ' ') (last run: $(grep '^ran ' "$OUT/sanitizer_$tool.log" | tail -1))"
   done
 fi
