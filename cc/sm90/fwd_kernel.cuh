@@ -91,8 +91,8 @@ struct KArgs {
   float scale_log2;
   int* tile_counter;  // persistent grid: dynamic tile counter (zeroed by the launcher), else null
   int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
-  int tile_overlap;   // 1 (variant 6): the next tile's block scan and first QK^T are issued under
-                      // the current tile's last PV GEMM and epilogue (overlap kernels only)
+  int tile_overlap;   // 1 (variant 6): the next tile's block scan and first QK^T are issued while
+                      // the current tile's last PV GEMM runs (overlap kernels only)
 };
 
 // 1-D bulk copy global -> shared completing on an mbarrier (bytes: multiple of 16, both 16B-aligned).
