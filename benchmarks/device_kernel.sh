@@ -55,7 +55,7 @@ m = s.max(-1, keepdims=True); p = np.exp(s - m); ls = p.sum(-1, keepdims=True)
 ro = np.einsum("bhqk,bkhd->bqhd", p / ls, vf); rl = (m + np.log(ls))[..., 0].transpose(0, 2, 1)
 print(f"smoke variant={var}: max|dO|={np.abs(o - ro).max():.3e} max|dLSE|={np.abs(l - rl).max():.3e} nan={np.isnan(o).any()}")
 PY
-  for var in ${JFM_SMOKE_VARIANTS:-2 3 1}; do timeout 60 $PY /tmp/jfm_smoke.py $var 2>&1 | tail -3 | tee -a /tmp/jfm_smoke.log; done
+  for var in ${JFM_SMOKE_VARIANTS:-2 3 1 6}; do timeout 60 $PY /tmp/jfm_smoke.py $var 2>&1 | tail -3 | tee -a /tmp/jfm_smoke.log; done
   if [ "$STAGE" = all ] && ! grep -q "smoke variant=2" /tmp/jfm_smoke.log; then echo "smoke failed; stopping"; exit 1; fi
 fi
 
@@ -73,23 +73,32 @@ fi
 
 if [ "$STAGE" = all ] || [ "$STAGE" = sanitize ]; then
   cat > /tmp/jfm_san.py <<'PY'
-import numpy as np, jax, jax.numpy as jnp
+import os, numpy as np, jax, jax.numpy as jnp
 from jax_flashmask import _cuda
 rng = np.random.default_rng(0)
+variants = [int(x) for x in os.environ.get("JFM_SAN_VARIANTS", "2,3,4").split(",")]
 cases = [(129, 200, 2, 128, jnp.bfloat16), (65, 70, 2, 256, jnp.float16), (1, 130, 2, 64, jnp.bfloat16),
-         (1100, 1100, 32, 64, jnp.bfloat16)]  # the last: 9 x 32 = 288 tiles > 132 SMs (persistent loop)
+         (1100, 1100, 32, 64, jnp.bfloat16),   # 9 x 32 = 288 tiles > 132 SMs (persistent loop)
+         (1100, 1100, 16, 128, jnp.bfloat16)]  # 144 tiles, d = 128 (variants 6 and 7)
 for (Sq, Sk, N, d, dt) in cases:
     q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
     k = jnp.asarray(rng.standard_normal((1, Sk, 1, d)), dt)
     b = np.zeros((1, 1, 4, Sk), np.int32); b[:, :, 0] = rng.integers(0, Sq + 1, Sk); b[:, :, 1] = Sq
-    for var in (2, 3, 4):
+    for var in variants:
+        if not getattr(_cuda, "variant_supported", lambda *a: True)(var, dt, d):
+            continue
         o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var)
         jax.block_until_ready((o, l))
+        print(f"ran Sq={Sq} d={d} variant={var}", flush=True)
+        if var in (3, 5, 6, 7) and Sq > 1000:  # few persistent CTAs: many tiles per CTA, both Q slots
+            o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var, sm_margin=124)
+            jax.block_until_ready((o, l))
+            print(f"ran Sq={Sq} d={d} variant={var} sm_margin=124", flush=True)
 print("sanitize case done")
 PY
   for tool in ${JFM_SAN_TOOLS:-memcheck racecheck}; do
     timeout ${JFM_SAN_TIMEOUT:-90} compute-sanitizer --tool $tool \
       $PY /tmp/jfm_san.py > "$OUT/sanitizer_$tool.log" 2>&1
-    echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+    echo "compute-sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitize case done' "$OUT/sanitizer_$tool.log" | tr '\n' ' ') (last run: $(grep '^ran ' "$OUT/sanitizer_$tool.log" | tail -1))"
   done
 fi

@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--variants", type=int, nargs="+", default=[2])
+    ap.add_argument("--sm-margin", type=int, default=0, help="SMs the persistent variants leave free")
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", default=None)
@@ -66,13 +67,14 @@ def main():
             flops_fm = 4.0 * B * H * S * S * d * (1 - rho)
             flops_exact = 4.0 * B * H * S * S * d * vis
             for var in a.variants:
-                f = jax.jit(lambda q, k, v, b, var=var: _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var))
+                f = jax.jit(lambda q, k, v, b, var=var: _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var,
+                                                                      sm_margin=a.sm_margin))
                 try:
                     t = timeit(f, q, k, v, bounds, iters=a.iters)
                 except Exception as e:  # noqa: BLE001
                     print(f"S={S} {name} variant={var}: FAILED {e}", flush=True)
                     continue
-                r = dict(impl=f"flashmask_sm90_v{var}", S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                r = dict(impl=f"flashmask_sm90_v{var}" + (f"_m{a.sm_margin}" if a.sm_margin else ""), S=S, B=B, H=H, d=d, mask=name, rho=rho,
                          visible=vis, ms=t * 1e3, tflops_fm=flops_fm / t / 1e12,
                          tflops_exact=flops_exact / t / 1e12)
                 rows.append(r)

@@ -31,12 +31,19 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   3: variant 2's kernel on a persistent grid (one CTA per SM) taking tiles from a global atomic
 #      counter, with the bounds of partial key blocks staged in smem by the producer (Sk % 4 == 0);
 #   4: one CTA per query tile (as 2) with the bounds staged in smem (as 3);
-#   5: persistent + dynamic (as 3) with the bounds read from global memory (as 2).
+#   5: persistent + dynamic (as 3) with the bounds read from global memory (as 2);
+#   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
+#      issued before the current tile's last PV GEMM is waited for, and the current tile's
+#      epilogue runs after both (built 2026-11-30, not yet measured);
+#   7: variant 3 with key blocks of 176 instead of 128 (one Q buffer, setmaxnreg 24/240); d=128
+#      only (bf16, fp16) (built 2026-11-30, not yet measured).
+# The persistent variants (3, 5, 6, 7) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6 (benchmarks/NOTES.md): fastest measured variant on all seven 8K masks
 # (+33 to +50 % over 2 on the sparse ones, equal on full); 32K not yet measured for it.
-VARIANTS = (1, 2, 3, 4, 5)
+VARIANTS = (1, 2, 3, 4, 5, 6, 7)
 DEFAULT_VARIANT = 3
-TESTED_VARIANTS = (2, 3, 4)  # run on every case of tests/gpu/test_cuda_forward.py
+TESTED_VARIANTS = (2, 3, 4, 6, 7)  # run on every case of tests/gpu/test_cuda_forward.py
+                                   # (variant 7 where supported: d=128)
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -131,12 +138,28 @@ def _check_problem(q, k, v, bounds):
     return B, Sq, N, d, Sk, K, Hm
 
 
-def forward(q, k, v, bounds, *, scale: float, variant: int | None = None):
+def variant_supported(variant: int, dtype, head_dim: int) -> bool:
+    """Whether forward kernel `variant` is compiled for (dtype, head_dim) (dtype bf16/fp16)."""
+    variant, head_dim = int(variant), int(head_dim)
+    if variant not in VARIANTS:
+        return False
+    if variant == 1:
+        return jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and head_dim == 128
+    if variant == 7:
+        return head_dim == 128
+    return head_dim in SUPPORTED_HEAD_DIMS
+
+
+def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_margin: int = 0):
     """FlashMask forward on Hopper.
 
     q [B,Sq,N,d], k/v [B,Sk,K,d] (bf16/fp16), bounds int32 [B,Hm,4,Sk] (canonical LTS, LTE, UTS,
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
+
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7; the default is 3) leave free, e.g.
+    for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
+    max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (1, 2, 4).
     """
     mod, reason = _load()
     if mod is None:
@@ -144,8 +167,13 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None):
     variant = DEFAULT_VARIANT if variant is None else int(variant)
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant}; compiled: {VARIANTS}")
+    sm_margin = int(sm_margin)
+    if sm_margin < 0:
+        raise ValueError(f"sm_margin must be >= 0, got {sm_margin}")
     if variant == 1 and (q.dtype != jnp.bfloat16 or q.shape[-1] != 128):
         raise NotImplementedError("kernel variant 1 is compiled for bfloat16, d=128 only")
+    if variant == 7 and q.shape[-1] != 128:
+        raise NotImplementedError("kernel variant 7 (key block 176) is compiled for d=128 only")
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
@@ -156,7 +184,8 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None):
         jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 32,), jnp.int32),
     )
     call = jax.ffi.ffi_call(FWD_TARGET, out_types, vmap_method="broadcast_all")
-    out, lse, _ = call(q, k, v, bounds, scale=np.float32(scale), variant=np.int32(variant))
+    out, lse, _ = call(q, k, v, bounds, scale=np.float32(scale), variant=np.int32(variant),
+                          sm_margin=np.int32(sm_margin))
     return out, lse
 
 

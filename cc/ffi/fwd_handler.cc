@@ -21,7 +21,7 @@ int64_t prod(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 }
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                   ffi::AnyBuffer bounds, float scale, int32_t variant,
+                   ffi::AnyBuffer bounds, float scale, int32_t variant, int32_t sm_margin,
                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
                    ffi::Result<ffi::AnyBuffer> meta) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
@@ -59,6 +59,8 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (K <= 0 || Hm <= 0 || N % K != 0 || N % Hm != 0)
     return ffi::Error::InvalidArgument(
         "flashmask_fwd: query heads N must be a multiple of kv heads K and of mask heads Hm");
+  if (sm_margin < 0)
+    return ffi::Error::InvalidArgument("flashmask_fwd: sm_margin must be >= 0");
   if (B > INT32_MAX || Sq > INT32_MAX || Sk > INT32_MAX || N > INT32_MAX)
     return ffi::Error::InvalidArgument("flashmask_fwd: dimension too large");
 
@@ -76,6 +78,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.scale = scale;
   p.dtype = dt;
   p.variant = variant;
+  p.sm_margin = sm_margin;
 
   const char* msg = nullptr;
   cudaError_t e = flashmask_fwd_sm90(p, stream, &msg);
@@ -100,6 +103,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskFwdSm90, jfm::FwdImpl,
                                   .Arg<ffi::AnyBuffer>()  // bounds
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("variant")
+                                  .Attr<int32_t>("sm_margin")
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Ret<ffi::AnyBuffer>()  // block-metadata workspace

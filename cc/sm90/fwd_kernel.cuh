@@ -33,6 +33,10 @@ struct FwdTraits {
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
   static constexpr int Bm = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
+  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
+  // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
+  static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
+  static constexpr int kRegConsumer = Bn > 128 ? 240 : 232;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
 
@@ -87,6 +91,8 @@ struct KArgs {
   float scale_log2;
   int* tile_counter;  // persistent grid: dynamic tile counter (zeroed by the launcher), else null
   int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
+  int tile_overlap;   // 1 (variant 6): the next tile's block scan and first QK^T are issued while
+                      // the current tile's last PV GEMM runs (overlap kernels only)
 };
 
 // 1-D bulk copy global -> shared completing on an mbarrier (bytes: multiple of 16, both 16B-aligned).
@@ -132,19 +138,25 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TA const& tA, TB const
 template <int Bn>
 struct KeptBlocks {
   const int32_t* mt;
-  int nblk, ms, me, Sk, lane;
+  int nblk, ms, me, Sk;
   int base;
   unsigned keep, part;
   int nxt;
   bool nxt_partial;
 
+  KeptBlocks() = default;
   __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_)
-      : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), lane(lane_), base(0) {
+      : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), base(0) {
+    (void)lane_;
     scan();
     advance();
   }
   __device__ __forceinline__ void scan() {
-    const int n = base + lane;
+    // the lane id is read here, not kept in a member: a member was one more live register across
+    // the consumer's tile loop and ptxas spilled it (variant 6 build)
+    unsigned lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const int n = base + (int)lane;
     bool k = false, p = false;
     if (n < nblk) {
       const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // the consumers can classify the tile's key blocks before its Q lands.
   if (wg == 0) {
     // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
-    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<40>();
+    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<T::kRegProducer>();
     if (warp == 0) {
       Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
@@ -310,7 +322,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     // ---------------- consumer warpgroups ----------------
-    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_alloc<232>();
+    if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_alloc<T::kRegConsumer>();
     const int ctid = threadIdx.x - 128;
     typename T::TiledMmaQK mma_qk;
     typename T::TiledMmaPV mma_pv;
@@ -333,11 +345,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const bool smem_bnd = a.smem_bounds != 0;
 
     cutlass::PipelineState<T::Stages> rd;
+    // Tile-boundary overlap (variant 6, overlap kernels only): at the end of tile `it` the consumer
+    // reads tile it+1's id, scans its key blocks and issues its first QK^T GEMM (into tSrS) before
+    // waiting for tile it's last PV GEMM, then waits for both and runs tile it's epilogue. State
+    // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
+    const bool tovl = T::Overlap && a.tile_overlap != 0;
+    int t_nxt = -1;
+    KeptBlocks<Bn> blocks_nxt;
+    bool pend = false, pend_partial = false;
+    int pend_n = 0;
     for (int it = 0;; ++it) {
       const int slot = it % QS;
       const uint32_t qphase = (it / QS) & 1;
-      EmptyBarrier::wait(&ss.sched[slot], qphase);
-      const int t = *reinterpret_cast<volatile int*>(&ss.tile_id[slot]);
+      // Nothing is in flight here (the boundary waits with wait<0>); kept unconditional so that
+      // ptxas sees no wgmma in flight across the loop back-edge on any path.
+      if constexpr (T::Overlap) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+      }
+      const bool pre = tovl && it > 0;  // tile id and block scan done at the previous boundary
+      if (!pre) EmptyBarrier::wait(&ss.sched[slot], qphase);
+      const int t = pre ? t_nxt : *reinterpret_cast<volatile int*>(&ss.tile_id[slot]);
       if (t < 0) break;
       int m_blk, h, b;
       decode(t, m_blk, h, b);
@@ -459,10 +487,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
 
-      KeptBlocks<Bn> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
-                            a.Sk, lane);
-      Barrier::wait(&ss.q_full[slot], qphase);
-      const bool had_blocks = blocks.has_next();
+      KeptBlocks<Bn> blocks =
+          pre ? blocks_nxt
+              : KeptBlocks<Bn>(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
+                               a.Sk, lane);
+      if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
+      const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
         // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
         while (blocks.has_next()) {
@@ -480,16 +510,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           pipe_v.consumer_release(rd);
           ++rd;
         }
-      } else if (blocks.has_next()) {
+      } else if (had_blocks) {
         // FA3-style: the softmax of block t overlaps the QK^T GEMM of block t+1 and the PV GEMM of
         // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
         constexpr bool kPingPong = NWG == 2;
         {
           bool partial;
-          const int n = blocks.next(partial);
-          pipe_k.consumer_wait(rd);
-          wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
+          int n;
+          if (pend) {  // issued and completed at the previous tile boundary
+            n = pend_n;
+            partial = pend_partial;
+            pend = false;
+          } else {
+            n = blocks.next(partial);
+            pipe_k.consumer_wait(rd);
+            wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
+          }
           if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
           mask_and_release_k(partial, n, rd);
           float corr[2];
@@ -531,13 +568,58 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           convert_p();
         }
         pipe_v.consumer_wait(rd);
-        wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
-        pipe_v.consumer_release(rd);
-        ++rd;
+        // last PV GEMM of the tile: waited for (and its V stage released) below, after the tile
+        // boundary work of variant 6
+        wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
       }
       // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
       // right after its last QK^T; here: the other paths and tiles without any kept block).
       if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);
+
+      if constexpr (T::Overlap) {
+        if (tovl) {
+          // Tile boundary: next tile's id and block scan (its metadata loads run under the PV GEMM
+          // in flight), then its first QK^T issued right behind the PV GEMM, one wait for both.
+          const int nit = it + 1, nslot = nit % QS;
+          const uint32_t nphase = (nit / QS) & 1;
+          EmptyBarrier::wait(&ss.sched[nslot], nphase);
+          t_nxt = *reinterpret_cast<volatile int*>(&ss.tile_id[nslot]);
+          auto rdn = rd;
+          if (had_blocks) ++rdn;  // stage of the next tile's first block
+          bool go = false;
+          if (t_nxt >= 0) {
+            int m2, h2, b2;
+            decode(t_nxt, m2, h2, b2);
+            const int hm2 = h2 / a.heads_per_mask;
+            const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
+            blocks_nxt = KeptBlocks<Bn>(a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk,
+                                        nblk, ms2, me2, a.Sk, lane);
+            go = blocks_nxt.has_next();
+          }
+          if (go) {
+            pend_n = blocks_nxt.next(pend_partial);
+            Barrier::wait(&ss.q_full[nslot], nphase);
+            pipe_k.consumer_wait(rdn);
+            wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
+                                        tSrS);
+            pend = true;
+            // One wait for this tile's last PV GEMM and the next tile's first QK^T. (wait<1> here,
+            // i.e. the epilogue under the QK^T, made ptxas serialize every wgmma of the kernel:
+            // C7515, accumulator registers defined inside a wgmma pipeline stage; see NOTES.)
+            warpgroup_wait<0>();
+          } else {
+            warpgroup_wait<0>();
+          }
+        } else {
+          warpgroup_wait<0>();  // the tile's last PV GEMM
+        }
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        if (had_blocks) {
+          pipe_v.consumer_release(rd);
+          ++rd;
+        }
+      }
 
       // Epilogue: normalize, write O (input dtype) and LSE (natural log, -inf for empty rows).
       float inv[2], lse[2];
@@ -585,7 +667,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // Variants (see fwd_dispatch.cu): persistent grid with a dynamic tile counter (3, 5) or one CTA
   // per tile (1, 2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
   // global memory by the consumers (1, 2, 5).
-  const bool persistent = p.variant == 3 || p.variant == 5;
+  // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
+  // Variant 7 = variant 3 on the Bn = 176 instantiation (fwd_dispatch.cu).
+  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -622,9 +706,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = (p.variant == 3 || p.variant == 4) && p.Sk % 4 == 0 &&
+  a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7) &&
+                  p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
+  a.tile_overlap = Overlap && p.variant == 6;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -638,7 +724,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess)
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    grid = (int)std::min<int64_t>(total_tiles, sms > 0 ? sms : 132);
+    if (sms <= 0) sms = 132;
+    // sm_margin: leave SMs free for concurrent kernels (NCCL under context parallelism)
+    const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
+    grid = (int)std::min<int64_t>(total_tiles, ctas);
     a.tile_counter = p.meta + meta_elems;
     e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
     if (e != cudaSuccess) return e;

@@ -20,7 +20,10 @@ struct FwdParams {
   int B, Sq, Sk, N, K, Hm, d;
   float scale;          // softmax scale applied to q.k
   DType dtype;
-  int variant;          // kernel variant: 1 to 5 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
+  int variant;          // kernel variant: 1 to 7 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
+  // Persistent variants (3, 5, 6, 7): SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g.
+  // for NCCL's kernels under context parallelism. Ignored by the one-CTA-per-tile variants.
+  int sm_margin;
 };
 
 // Returns cudaSuccess or the launch error. Never synchronizes. `err` (may be null) gets a message
