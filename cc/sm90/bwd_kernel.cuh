@@ -14,7 +14,8 @@
 // barriers per tile); 2 = flashmask_bwd_ws_kernel (warp specialized: producer warpgroup with a
 // TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default);
 // 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
-// GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem).
+// GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem);
+// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem.
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -31,12 +32,16 @@ namespace jfm::sm90 {
 // kWS = false: kernel variant 1 (two warpgroups, thread 0 issues the loads, two block-wide
 // barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
 // PP_ = true (with WS_): kernel variant 3, flashmask_bwd_pp_kernel (ping-pong consumers).
-template <class Elem_, int D_, bool WS_ = false, bool PP_ = false>
+// V4_ = true (with PP_): kernel variant 4 = variant 3 with each tile's dK GEMM issued before the
+// dS tile is stored to smem (see flashmask_bwd_pp_kernel).
+template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kWS = WS_;
   static constexpr bool kPP = PP_;
+  static constexpr bool kV4 = V4_;
   static_assert(!PP_ || WS_, "variant 3 is warp specialized");
+  static_assert(!V4_ || PP_, "variant 4 is a variant of the ping-pong kernel");
   static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = kWS ? 2 : 1;  // dS tiles in smem
@@ -1218,6 +1223,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+      // Variant 4: dK += dS^T Q is issued before the dS tile is stored (the stores only read the
+      // A-operand registers of the GEMM in flight, no accumulator), so the GEMM runs under the
+      // ds_empty wait and the 32 stores instead of after them. Same registers as variant 3.
+      if constexpr (T::kV4) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
       pp_wait(&ss.x.ds_empty[st], par ^ 1);
       CUTE_UNROLL
@@ -1225,7 +1234,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      if constexpr (!T::kV4) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
@@ -1368,8 +1377,9 @@ template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
   if (p.variant == 2) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
   if (p.variant == 3) return launch_bwd_impl<BwdTraits<Elem, D, true, true>>(p, stream, err);
+  if (p.variant == 4) return launch_bwd_impl<BwdTraits<Elem, D, true, true, true>>(p, stream, err);
   if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 1, 2 or 3";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 1, 2, 3 or 4";
   return cudaErrorInvalidValue;
 }
 
