@@ -15,7 +15,7 @@
 // TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default);
 // 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
 // GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem);
-// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem.
+// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem (st.shared).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -33,7 +33,7 @@ namespace jfm::sm90 {
 // barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
 // PP_ = true (with WS_): kernel variant 3, flashmask_bwd_pp_kernel (ping-pong consumers).
 // V4_ = true (with PP_): kernel variant 4 = variant 3 with each tile's dK GEMM issued before the
-// dS tile is stored to smem (see flashmask_bwd_pp_kernel).
+// dS tile is stored to smem, and that store on 32-bit shared addresses (see flashmask_bwd_pp_kernel).
 template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false>
 struct BwdTraits {
   using Elem = Elem_;
@@ -1229,9 +1229,32 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if constexpr (T::kV4) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
       pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      CUTE_UNROLL
-      for (int e = 0; e < size(tPrdS); ++e)
-        sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
+      if constexpr (T::kV4) {
+        // Variant 4: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
+        // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
+        // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
+        // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
+        // of the 32 elements (~150 integer instructions, ST.E.U16).
+        // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along
+        // the query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
+        constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
+        uint32_t dsb[2][2];
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i)
+          CUTE_UNROLL
+          for (int c = 0; c < 2; ++c)
+            dsb[i][c] = cute::cast_smem_ptr_to_uint(
+                raw_pointer_cast(&sdS(col_b + c, 64 * wg_b + row_b + 8 * i, st)));
+        CUTE_UNROLL
+        for (int e = 0; e < size(tPrdS); ++e) {
+          const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
+        }
+      } else {
+        CUTE_UNROLL
+        for (int e = 0; e < size(tPrdS); ++e)
+          sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
+      }
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
       if constexpr (!T::kV4) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);

@@ -414,7 +414,8 @@ def test_deterministic_flag_reaches_the_kernel():
 
 
 def test_variant4_bitwise_equals_variant3():
-    """Variant 4 only reorders the issue of variant 3's dK GEMM and dS store: the same products
+    """Variant 4 only reorders the issue of variant 3's dK GEMM and dS store (and computes the dS
+    store addresses differently: a wrong address shows up here as a dQ mismatch): the same products
     are accumulated in the same order, so dK and dV are bitwise equal in every mode and dQ too in
     deterministic mode."""
     _need(jnp.bfloat16, 128)
