@@ -9,6 +9,8 @@
 #   (default --variants 4). The smoke stage runs the small cases of the new variant ($JFM_BWD_NEW,
 #   default 4) alone under a short timeout; if it fails or hangs, it is dropped from the later
 #   stages (no budget lost to it) and they run variant 3 (the default) alone.
+#   JFM_BWD_TIME_EXTRA: further variants timed (not tested) after 3 and the new one (default 5:
+#   variant 4 without its early dK issue; dropped with it).
 set -u -o pipefail
 OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)
@@ -23,7 +25,7 @@ tail -1 "$OUT/setup.log"; el
 STAGES=${JFM_BWD_STAGES:-smoke tests_det time tests_rest san}
 NEW=${JFM_BWD_NEW:-4}
 export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-3,$NEW}
-TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 3 $NEW --det 0 1 --cudnn --iters 4}
+TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 3 $NEW ${JFM_BWD_TIME_EXTRA-5} --det 0 1 --cudnn --iters 4}
 SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants $NEW}
 for st in $STAGES; do
   case $st in
@@ -33,7 +35,7 @@ for st in $STAGES; do
     if [ $rc -ne 0 ]; then
       echo "variant $NEW FAILED its smoke run: dropped from tests, timing and sanitizers"
       export JFM_BWD_TEST_VARIANTS=3
-      TIME_ARGS=$(echo "$TIME_ARGS" | sed "s/--variants 3 $NEW/--variants 3/")
+      TIME_ARGS=$(echo "$TIME_ARGS" | sed -E "s/--variants 3 $NEW( [0-9])*/--variants 3/")
       SAN_ARGS="--variants 3"
     fi ;;
   tests_det)
@@ -45,7 +47,7 @@ for st in $STAGES; do
     echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
   time)
-    timeout ${JFM_T_TIME:-60} $PY benchmarks/bwd_timing.py $TIME_ARGS \
+    timeout ${JFM_T_TIME:-90} $PY benchmarks/bwd_timing.py $TIME_ARGS \
       --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
     echo "timing rc=$?"; grep -E '^\{' "$OUT/timing.log" | python3 -c "
 import sys, json

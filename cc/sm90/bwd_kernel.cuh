@@ -15,7 +15,8 @@
 // TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default);
 // 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
 // GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem);
-// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem (st.shared).
+// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem (st.shared);
+// 5 = variant 4 without the early dK issue (only the st.shared store).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -32,16 +33,20 @@ namespace jfm::sm90 {
 // kWS = false: kernel variant 1 (two warpgroups, thread 0 issues the loads, two block-wide
 // barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
 // PP_ = true (with WS_): kernel variant 3, flashmask_bwd_pp_kernel (ping-pong consumers).
-// V4_ = true (with PP_): kernel variant 4 = variant 3 with each tile's dK GEMM issued before the
-// dS tile is stored to smem, and that store on 32-bit shared addresses (see flashmask_bwd_pp_kernel).
-template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false>
+// V4_ = true (with PP_): the dS tile stored on 32-bit shared addresses; EarlydK_: each tile's dK
+// GEMM issued before that store (see flashmask_bwd_pp_kernel). Kernel variant 4 = both, variant 5
+// = the store alone (dK after the store, as variant 3).
+template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false,
+          bool EarlydK_ = V4_>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kWS = WS_;
   static constexpr bool kPP = PP_;
   static constexpr bool kV4 = V4_;
+  static constexpr bool kEarlydK = EarlydK_;
   static_assert(!PP_ || WS_, "variant 3 is warp specialized");
-  static_assert(!V4_ || PP_, "variant 4 is a variant of the ping-pong kernel");
+  static_assert(!V4_ || PP_, "variants 4 and 5 are variants of the ping-pong kernel");
+  static_assert(!EarlydK_ || V4_, "early dK only with variant 4");
   static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = kWS ? 2 : 1;  // dS tiles in smem
@@ -1226,11 +1231,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // Variant 4: dK += dS^T Q is issued before the dS tile is stored (the stores only read the
       // A-operand registers of the GEMM in flight, no accumulator), so the GEMM runs under the
       // ds_empty wait and the 32 stores instead of after them. Same registers as variant 3.
-      if constexpr (T::kV4) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      if constexpr (T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
       pp_wait(&ss.x.ds_empty[st], par ^ 1);
       if constexpr (T::kV4) {
-        // Variant 4: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
+        // Variants 4, 5: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
         // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
         // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
         // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
@@ -1257,7 +1262,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
-      if constexpr (!T::kV4) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      if constexpr (!T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
@@ -1401,8 +1406,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   if (p.variant == 2) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
   if (p.variant == 3) return launch_bwd_impl<BwdTraits<Elem, D, true, true>>(p, stream, err);
   if (p.variant == 4) return launch_bwd_impl<BwdTraits<Elem, D, true, true, true>>(p, stream, err);
+  if (p.variant == 5)
+    return launch_bwd_impl<BwdTraits<Elem, D, true, true, true, false>>(p, stream, err);
   if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 1, 2, 3 or 4";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 to 5";
   return cudaErrorInvalidValue;
 }
 
