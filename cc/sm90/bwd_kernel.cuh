@@ -1239,7 +1239,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
         // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
         // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
-        // of the 32 elements (~150 integer instructions, ST.E.U16).
+        // of the 32 elements (~340 integer instructions, ST.E.U16).
         // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along
         // the query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
         constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
