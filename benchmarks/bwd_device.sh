@@ -5,9 +5,12 @@
 # compute-sanitizer on small cases. Logs under $OUT. Run from the repo root.
 #   JFM_BWD_TIME_ARGS: arguments of bwd_timing.py; JFM_BWD_STAGES: subset of
 #   "smoke tests_det time tests_rest san"; JFM_BWD_TEST_VARIANTS: kernel variants the tests run
-#   (default 2,3); JFM_BWD_SAN_ARGS: extra arguments of `bwd_timing.py --small` under the sanitizers
-#   (default --variants 3). The smoke stage runs the small cases of variant 3 alone under a short
-#   timeout; if it fails or hangs, variant 3 is dropped from the later stages (no budget lost to it).
+#   (default 3,4); JFM_BWD_SAN_ARGS: extra arguments of `bwd_timing.py --small` under the sanitizers
+#   (default --variants 4). The smoke stage runs the small cases of the new variant ($JFM_BWD_NEW,
+#   default 4) alone under a short timeout; if it fails or hangs, it is dropped from the later
+#   stages (no budget lost to it) and they run variant 3 (the default) alone.
+#   JFM_BWD_TIME_EXTRA: further variants timed (not tested) after 3 and the new one (default 5:
+#   variant 4 without its early dK issue; dropped with it).
 set -u -o pipefail
 OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)
@@ -20,30 +23,31 @@ if ! $PY -c "from jax_flashmask import _cuda; assert _cuda.is_available(), _cuda
 fi
 tail -1 "$OUT/setup.log"; el
 STAGES=${JFM_BWD_STAGES:-smoke tests_det time tests_rest san}
-export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-2,3}
-TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 2 3 --det 0 1 --cudnn --iters 4}
-SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants 3}
+NEW=${JFM_BWD_NEW:-4}
+export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-3,$NEW}
+TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 3 $NEW ${JFM_BWD_TIME_EXTRA-5} --det 0 1 --cudnn --iters 4}
+SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants $NEW}
 for st in $STAGES; do
   case $st in
   smoke)
-    timeout ${JFM_T_SMOKE:-30} $PY benchmarks/bwd_timing.py --small --variants 3 > "$OUT/smoke_v3.log" 2>&1
-    rc=$?; echo "variant 3 smoke rc=$rc: $(tail -1 "$OUT/smoke_v3.log")"; el
+    timeout ${JFM_T_SMOKE:-30} $PY benchmarks/bwd_timing.py --small --variants $NEW > "$OUT/smoke_v$NEW.log" 2>&1
+    rc=$?; echo "variant $NEW smoke rc=$rc: $(tail -1 "$OUT/smoke_v$NEW.log")"; el
     if [ $rc -ne 0 ]; then
-      echo "variant 3 FAILED its smoke run: dropped from tests, timing and sanitizers"
-      export JFM_BWD_TEST_VARIANTS=2
-      TIME_ARGS=$(echo "$TIME_ARGS" | sed 's/--variants 2 3/--variants 2/')
-      SAN_ARGS="--variants 2"
+      echo "variant $NEW FAILED its smoke run: dropped from tests, timing and sanitizers"
+      export JFM_BWD_TEST_VARIANTS=3
+      TIME_ARGS=$(echo "$TIME_ARGS" | sed -E "s/--variants 3 $NEW( [0-9])*/--variants 3/")
+      SAN_ARGS="--variants 3"
     fi ;;
   tests_det)
     timeout ${JFM_T_TESTS1:-60} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "deterministic or variants_agree" > "$OUT/tests_det.log" 2>&1
     echo "tests (deterministic) rc=$?: $(tail -1 "$OUT/tests_det.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_det.log" | head -8 ;;
   tests_rest)
-    timeout ${JFM_T_TESTS2:-70} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
+    timeout ${JFM_T_TESTS2:-80} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
     echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
   time)
-    timeout ${JFM_T_TIME:-60} $PY benchmarks/bwd_timing.py $TIME_ARGS \
+    timeout ${JFM_T_TIME:-90} $PY benchmarks/bwd_timing.py $TIME_ARGS \
       --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
     echo "timing rc=$?"; grep -E '^\{' "$OUT/timing.log" | python3 -c "
 import sys, json

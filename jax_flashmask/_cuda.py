@@ -230,8 +230,13 @@ DEFAULT_BWD_DQ_MODE = 1
 #   3: variant 2 with the consumer warpgroups out of lock-step (ping-pong): each tile's dQ GEMM
 #      issued two tiles later, dS buffers guarded by mbarriers instead of the named barrier, GEMM
 #      issue alternating between the warpgroups (named barriers), row statistics by bulk copy
-#      (H200 2026-11-30 run A: 52 GPU tests, sanitizers clean).
-BWD_VARIANTS = (1, 2, 3)
+#      (H200 2026-11-30 run A: 52 GPU tests, sanitizers clean);
+#   4: variant 3 with each tile's dK GEMM issued before the dS tile is stored to smem, that store
+#      on precomputed 32-bit shared addresses (same math and accumulation order as variant 3:
+#      bitwise equal dK/dV, and dQ in deterministic mode; not yet run on a device, 2026-11-30);
+#   5: variant 4 without the early dK issue (only the st.shared dS store; strictly no register
+#      access to an in-flight wgmma's A fragment). Same results as 3 and 4.
+BWD_VARIANTS = (1, 2, 3, 4, 5)
 DEFAULT_BWD_VARIANT = 3  # H200 2026-11-30 run A: +10..16 % over variant 2 (full 386, causal 361,
                          # document 318 TFLOP/s at 8K), deterministic -2..-11 %;
                          # benchmarks/results/bwd_dev_2026-11-30_run2.md

@@ -105,8 +105,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (deterministic && dq_mode != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: deterministic mode needs dq_mode 1 (bulk)");
   p.deterministic = deterministic;
-  if (variant < 1 || variant > 3)
-    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1, 2 or 3");
+  if (variant < 1 || variant > 5)
+    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 to 5");
   p.variant = variant;
   p.dq_sem = static_cast<uint32_t*>(dq_sem->untyped_data());
   p.dq_sem_capacity = (int64_t)dq_sem->element_count();

@@ -14,7 +14,9 @@
 // barriers per tile); 2 = flashmask_bwd_ws_kernel (warp specialized: producer warpgroup with a
 // TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default);
 // 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
-// GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem).
+// GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem);
+// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem (st.shared);
+// 5 = variant 4 without the early dK issue (only the st.shared store).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -31,12 +33,20 @@ namespace jfm::sm90 {
 // kWS = false: kernel variant 1 (two warpgroups, thread 0 issues the loads, two block-wide
 // barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
 // PP_ = true (with WS_): kernel variant 3, flashmask_bwd_pp_kernel (ping-pong consumers).
-template <class Elem_, int D_, bool WS_ = false, bool PP_ = false>
+// V4_ = true (with PP_): the dS tile stored on 32-bit shared addresses; EarlydK_: each tile's dK
+// GEMM issued before that store (see flashmask_bwd_pp_kernel). Kernel variant 4 = both, variant 5
+// = the store alone (dK after the store, as variant 3).
+template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false,
+          bool EarlydK_ = V4_>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kWS = WS_;
   static constexpr bool kPP = PP_;
+  static constexpr bool kV4 = V4_;
+  static constexpr bool kEarlydK = EarlydK_;
   static_assert(!PP_ || WS_, "variant 3 is warp specialized");
+  static_assert(!V4_ || PP_, "variants 4 and 5 are variants of the ping-pong kernel");
+  static_assert(!EarlydK_ || V4_, "early dK only with variant 4");
   static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = kWS ? 2 : 1;  // dS tiles in smem
@@ -1218,14 +1228,41 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+      // Variant 4: dK += dS^T Q is issued before the dS tile is stored (the stores only read the
+      // A-operand registers of the GEMM in flight, no accumulator), so the GEMM runs under the
+      // ds_empty wait and the 32 stores instead of after them. Same registers as variant 3.
+      if constexpr (T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
       pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      CUTE_UNROLL
-      for (int e = 0; e < size(tPrdS); ++e)
-        sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
+      if constexpr (T::kV4) {
+        // Variants 4, 5: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
+        // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
+        // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
+        // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
+        // of the 32 elements (~340 integer instructions, ST.E.U16).
+        // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along
+        // the query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
+        constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
+        uint32_t dsb[2][2];
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i)
+          CUTE_UNROLL
+          for (int c = 0; c < 2; ++c)
+            dsb[i][c] = cute::cast_smem_ptr_to_uint(
+                raw_pointer_cast(&sdS(col_b + c, 64 * wg_b + row_b + 8 * i, st)));
+        CUTE_UNROLL
+        for (int e = 0; e < size(tPrdS); ++e) {
+          const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
+        }
+      } else {
+        CUTE_UNROLL
+        for (int e = 0; e < size(tPrdS); ++e)
+          sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
+      }
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      if constexpr (!T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
@@ -1368,8 +1405,11 @@ template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
   if (p.variant == 2) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
   if (p.variant == 3) return launch_bwd_impl<BwdTraits<Elem, D, true, true>>(p, stream, err);
+  if (p.variant == 4) return launch_bwd_impl<BwdTraits<Elem, D, true, true, true>>(p, stream, err);
+  if (p.variant == 5)
+    return launch_bwd_impl<BwdTraits<Elem, D, true, true, true, false>>(p, stream, err);
   if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 1, 2 or 3";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 to 5";
   return cudaErrorInvalidValue;
 }
 

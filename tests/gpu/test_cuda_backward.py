@@ -413,8 +413,34 @@ def test_deterministic_flag_reaches_the_kernel():
                        do, None, scale=0.1, dq_mode=0, deterministic=True)
 
 
+def test_variant4_bitwise_equals_variant3():
+    """Variant 4 only reorders the issue of variant 3's dK GEMM and dS store (and computes the dS
+    store addresses differently: a wrong address shows up here as a dQ mismatch): the same products
+    are accumulated in the same order, so dK and dV are bitwise equal in every mode and dQ too in
+    deterministic mode."""
+    _need(jnp.bfloat16, 128)
+    if not (3 in VARIANTS and 4 in VARIANTS):
+        pytest.skip("variants 3 and 4 not both under test")
+    news = [vv for vv in (4, 5) if vv in getattr(_cuda, "BWD_VARIANTS", ())]  # 5: same code, dK later
+    rng = np.random.default_rng(5)
+    q, k, v, do = _inputs(rng, 2, 1100, 1300, 8, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 2, 2, 1100, 1300))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    for det, vnew in [(d, vv) for d in (False, True) for vv in news]:
+        r3 = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=det, variant=3)
+        r4 = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=det, variant=vnew)
+        for i, (x, y) in enumerate(zip(r3, r4)):
+            if i == 0 and not det:
+                assert _relerr(np.asarray(x.astype(jnp.float32)),
+                               np.asarray(y.astype(jnp.float32), np.float64)) < 1e-3
+                continue
+            np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)),
+                                          np.asarray(y.astype(jnp.float32)),
+                                          err_msg=f"variant {vnew} output {i} deterministic={det}")
+
+
 def test_variants_agree():
-    """Variants 1, 2 (warp specialized) and 3 (ping-pong) compute the same per-CTA terms; in
+    """Variants 1, 2 (warp specialized), 3 (ping-pong) and 4 compute the same per-CTA terms; in
     deterministic mode all add them in the same order, so they agree to the last few bf16 ulps."""
     _need(jnp.bfloat16, 128)
     if len(VARIANTS) < 2:
