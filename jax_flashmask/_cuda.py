@@ -34,12 +34,13 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   5: persistent + dynamic (as 3) with the bounds read from global memory (as 2);
 #   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
 #      issued before the current tile's last PV GEMM is waited for, and the current tile's
-#      epilogue runs after both (built 2026-11-30, not yet measured);
+#      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks);
 #   7: variant 3 with key blocks of 176 instead of 128 (one Q buffer, setmaxnreg 24/240); d=128
-#      only (bf16, fp16) (built 2026-11-30, not yet measured).
+#      only (bf16, fp16) (run B: +0.4 % on full 8K, -2..-22 % elsewhere).
 # The persistent variants (3, 5, 6, 7) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
-# Default 3 since run 6 (benchmarks/NOTES.md): fastest measured variant on all seven 8K masks
-# (+33 to +50 % over 2 on the sparse ones, equal on full); 32K not yet measured for it.
+# Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
+# 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
+# (benchmarks/NOTES.md, forward run B).
 VARIANTS = (1, 2, 3, 4, 5, 6, 7)
 DEFAULT_VARIANT = 3
 TESTED_VARIANTS = (2, 3, 4, 6, 7)  # run on every case of tests/gpu/test_cuda_forward.py
@@ -233,13 +234,16 @@ DEFAULT_BWD_DQ_MODE = 1
 #      (H200 2026-11-30 run A: 52 GPU tests, sanitizers clean);
 #   4: variant 3 with each tile's dK GEMM issued before the dS tile is stored to smem, that store
 #      on precomputed 32-bit shared addresses (same math and accumulation order as variant 3:
-#      bitwise equal dK/dV, and dQ in deterministic mode; not yet run on a device, 2026-11-30);
-#   5: variant 4 without the early dK issue (only the st.shared dS store; strictly no register
-#      access to an in-flight wgmma's A fragment). Same results as 3 and 4.
+#      bitwise equal dK/dV, and dQ in deterministic mode). Its dS store reads the registers of
+#      the dK GEMM's A fragment while that GEMM is in flight, which the PTX rules for wgmma do not
+#      allow: measured (fastest, 461 full 8K) but never the default;
+#   5: variant 4 without the early dK issue (only the st.shared dS store; no register access to
+#      an in-flight wgmma's A fragment). Same results as 3 and 4 (bitwise test on the H200).
 BWD_VARIANTS = (1, 2, 3, 4, 5)
-DEFAULT_BWD_VARIANT = 3  # H200 2026-11-30 run A: +10..16 % over variant 2 (full 386, causal 361,
-                         # document 318 TFLOP/s at 8K), deterministic -2..-11 %;
-                         # benchmarks/results/bwd_dev_2026-11-30_run2.md
+DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal to 3, sanitizers
+                         # clean; 8K full 445 / causal 415 / document 369 TFLOP/s (variant 3:
+                         # 388 / 362 / 319), deterministic 424 / 405 / 312;
+                         # benchmarks/results/bwd_dev_2026-11-30_run3.md
 
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
