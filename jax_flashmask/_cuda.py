@@ -16,8 +16,10 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from . import _xla
+
 __all__ = ["is_available", "unavailable_reason", "check_supported", "forward", "FWD_TARGET",
-           "backward", "check_supported_backward", "BWD_TARGET", "portable_backward"]
+           "backward", "check_supported_backward", "BWD_TARGET"]
 
 FWD_TARGET = "jax_flashmask_fwd_sm90"
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
@@ -310,49 +312,18 @@ def _check_deterministic(deterministic) -> bool:
     return bool(deterministic)
 
 
-def portable_backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
-                      deterministic: bool = False):
-    """`_xla.backward`, reproducible bit for bit when deterministic=True.
-
-    The portable backward has no order-dependent reduction except one: when several mask heads share
-    a kv head (Hm > K), it folds their dK/dV with a scatter-add whose duplicate indices XLA:GPU runs
-    as atomics (unordered fp32 sums from three terms on). The
-    deterministic path gives every query head its own copy of k/v there (no duplicate indices) and
-    sums each GQA group with explicit adds in head order. Everything else in `_xla.backward` is
-    einsums (cuBLAS / XLA GEMMs: fixed algorithm per compiled executable), row sums and loops with a
-    fixed order.
-    """
-    from . import _xla
-    deterministic = _check_deterministic(deterministic)
-    K, N, Hm = k.shape[2], q.shape[2], bounds.shape[1]
-    if not deterministic or Hm <= K:
-        return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale)
-    r = N // K
-    kx, vx = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
-    dq, dkx, dvx = _xla.backward(q, kx, vx, bounds, out, lse, dout, dlse, scale=scale)
-
-    def fold(x, dtype):
-        x = x.astype(jnp.float32).reshape(x.shape[:2] + (K, r) + x.shape[3:])
-        acc = x[:, :, :, 0]
-        for i in range(1, r):
-            acc = acc + x[:, :, :, i]
-        return acc.astype(dtype)
-
-    return dq, fold(dkx, k.dtype), fold(dvx, v.dtype)
-
-
 def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
                             dq_mode: int | None = None, deterministic: bool = False,
                             variant: int | None = None):
     """The kernel where it is compiled for (dtype, d); the portable `_xla.backward` elsewhere
     (e.g. d=256), so that a CUDA forward never makes training fail in the backward. Both honour
-    `deterministic` (see `portable_backward`)."""
+    `deterministic` (see `_xla.backward`)."""
     deterministic = _check_deterministic(deterministic)
     try:
         check_supported_backward(q.shape, q.dtype, q.shape[-1])
     except NotImplementedError:
-        return portable_backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
-                                 deterministic=deterministic)
+        return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
+                             deterministic=deterministic)
     return _backward_kernel(q, k, v, bounds, out, lse, dout, dlse, scale=scale, dq_mode=dq_mode,
                             deterministic=deterministic, variant=variant)
 

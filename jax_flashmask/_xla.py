@@ -153,9 +153,29 @@ def forward(q, k, v, bounds, *, scale: float, block_q: int = DEFAULT_BLOCK, bloc
     return L.from_q_tiles(out), L.from_q_tiles(lse)
 
 
-def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
+def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float, deterministic: bool = False,
              block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK):
-    """(dq, dk, dv) in the inputs' dtypes. `dlse` is the cotangent of lse (None = zero)."""
+    """(dq, dk, dv) in the inputs' dtypes. `dlse` is the cotangent of lse (None = zero).
+
+    Order-fixed (einsums, row sums, fixed-order loops) except one reduction: when several mask
+    heads share a kv head (Hm > K), dK/dV are folded with a scatter-add whose duplicate indices
+    XLA:GPU runs as atomics. `deterministic=True` replaces it: every query head gets its own copy
+    of k/v and each GQA group is summed with explicit adds in head order.
+    """
+    if deterministic and bounds.shape[1] > k.shape[2]:
+        K, r = k.shape[2], q.shape[2] // k.shape[2]
+        kx, vx = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
+        dq, dkx, dvx = backward(q, kx, vx, bounds, out, lse, dout, dlse, scale=scale,
+                                block_q=block_q, block_k=block_k)
+
+        def fold(x, dtype):  # [B, S, K*r, d] -> [B, S, K, d], summed over r in head order
+            x = x.astype(jnp.float32).reshape(x.shape[:2] + (K, r) + x.shape[3:])
+            acc = x[:, :, :, 0]
+            for i in range(1, r):
+                acc = acc + x[:, :, :, i]
+            return acc.astype(dtype)
+
+        return dq, fold(dkx, k.dtype), fold(dvx, v.dtype)
     L = _Layout(q.shape, k.shape, bounds, block_q, block_k)
     # D = rowsum(dO ∘ O) - dlse: the lse cotangent enters dS = P ∘ (dP - D) through D.
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)

@@ -94,14 +94,7 @@ def _kernels(implementation: str):
         return _reference_forward, _reference_backward
     if implementation == "cuda":
         return _cuda.forward, _cuda.backward
-    return _xla.forward, _portable_backward
-
-
-def _portable_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
-    if _cuda is not None:  # the deterministic-safe wrapper of _xla.backward lives there
-        return _cuda.portable_backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
-                                       deterministic=deterministic)
-    return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale)  # pragma: no cover
+    return _xla.forward, _xla.backward
 
 
 def _reference_forward(q, k, v, bounds, *, scale):

@@ -314,15 +314,15 @@ def test_deterministic_must_be_bool():
 
 
 def test_deterministic_reaches_the_backward(monkeypatch):
-    att = sys.modules["jax_flashmask.attention"]
+    xla = sys.modules["jax_flashmask._xla"]
     seen = []
-    real = att._portable_backward
+    real = xla.backward
 
     def spy(*a, **kw):
         seen.append(kw.get("deterministic"))
         return real(*a, **kw)
 
-    monkeypatch.setattr(att, "_portable_backward", spy)
+    monkeypatch.setattr(xla, "backward", spy)
     q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
     for det in (True, False):
         jax.grad(lambda q: jnp.sum(jf.attention(q, k, v, causal=True, implementation="xla",
