@@ -5,12 +5,14 @@
 # compute-sanitizer on small cases. Logs under $OUT. Run from the repo root.
 #   JFM_BWD_TIME_ARGS: arguments of bwd_timing.py; JFM_BWD_STAGES: subset of
 #   "smoke tests_det time tests_rest san"; JFM_BWD_TEST_VARIANTS: kernel variants the tests run
-#   (default 3,4); JFM_BWD_SAN_ARGS: extra arguments of `bwd_timing.py --small` under the sanitizers
-#   (default --variants 4). The smoke stage runs the small cases of the new variant ($JFM_BWD_NEW,
-#   default 4) alone under a short timeout; if it fails or hangs, it is dropped from the later
-#   stages (no budget lost to it) and they run variant 3 (the default) alone.
-#   JFM_BWD_TIME_EXTRA: further variants timed (not tested) after 3 and the new one (default 5:
-#   variant 4 without its early dK issue; dropped with it).
+#   (default $BASE,$NEW = 5,6); JFM_BWD_SAN_ARGS: extra arguments of `bwd_timing.py --small` under
+#   the sanitizers (default --variants $NEW). The smoke stage runs the small cases of the new
+#   variant ($JFM_BWD_NEW, default 6: the persistent scheduler) alone under a short timeout; if it
+#   fails or hangs, it is dropped from the later stages (no budget lost to it) and they run the
+#   base variant ($JFM_BWD_BASE, default 5: the default) alone.
+#   JFM_BWD_TIME_EXTRA: further variants timed (not tested) after base and new (default none).
+#   The timing validates too: every configuration of a mask against the first one (bwd_timing.py
+#   `check`, `CHECK FAILED` lines: variant 6 vs 5, dK/dV bitwise).
 set -u -o pipefail
 OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)
@@ -23,9 +25,10 @@ if ! $PY -c "from jax_flashmask import _cuda; assert _cuda.is_available(), _cuda
 fi
 tail -1 "$OUT/setup.log"; el
 STAGES=${JFM_BWD_STAGES:-smoke tests_det time tests_rest san}
-NEW=${JFM_BWD_NEW:-4}
-export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-3,$NEW}
-TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal document --variants 3 $NEW ${JFM_BWD_TIME_EXTRA-5} --det 0 1 --cudnn --iters 4}
+NEW=${JFM_BWD_NEW:-6}
+BASE=${JFM_BWD_BASE:-5}
+export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-$BASE,$NEW}
+TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal sliding_window causal_document document share_question --variants $BASE $NEW ${JFM_BWD_TIME_EXTRA-} --det 0 1 --cudnn --iters 4}
 SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants $NEW}
 for st in $STAGES; do
   case $st in
@@ -34,9 +37,9 @@ for st in $STAGES; do
     rc=$?; echo "variant $NEW smoke rc=$rc: $(tail -1 "$OUT/smoke_v$NEW.log")"; el
     if [ $rc -ne 0 ]; then
       echo "variant $NEW FAILED its smoke run: dropped from tests, timing and sanitizers"
-      export JFM_BWD_TEST_VARIANTS=3
-      TIME_ARGS=$(echo "$TIME_ARGS" | sed -E "s/--variants 3 $NEW( [0-9])*/--variants 3/")
-      SAN_ARGS="--variants 3"
+      export JFM_BWD_TEST_VARIANTS=$BASE
+      TIME_ARGS=$(echo "$TIME_ARGS" | sed -E "s/--variants $BASE $NEW( [0-9])*/--variants $BASE/")
+      SAN_ARGS="--variants $BASE"
     fi ;;
   tests_det)
     timeout ${JFM_T_TESTS1:-60} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "deterministic or variants_agree" > "$OUT/tests_det.log" 2>&1
@@ -47,12 +50,14 @@ for st in $STAGES; do
     echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
   time)
-    timeout ${JFM_T_TIME:-90} $PY benchmarks/bwd_timing.py $TIME_ARGS \
+    timeout ${JFM_T_TIME:-150} $PY benchmarks/bwd_timing.py $TIME_ARGS \
       --json "$OUT/timing.json" > "$OUT/timing.log" 2>&1
     echo "timing rc=$?"; grep -E '^\{' "$OUT/timing.log" | python3 -c "
 import sys, json
 for l in sys.stdin:
-    r = json.loads(l); print(f\"{r['impl']:26s} {r['mask']:9s} {r['ms']:8.2f} ms {r['tflops_fm']:7.1f}\")"
+    r = json.loads(l); c = r.get('check')
+    cs = '' if not c else f\"  vs {c['vs']}: dq {c['dq_relerr']:.1e} dk/dv bitwise {c['dk_bitwise'] and c['dv_bitwise']} dq bitwise {c['dq_bitwise']}\"
+    print(f\"{r['impl']:30s} {r['mask']:15s} {r['ms']:8.2f} ms {r['tflops_fm']:7.1f}{cs}\")"
     grep FAILED "$OUT/timing.log"; el ;;
   san)
     for tool in memcheck racecheck; do

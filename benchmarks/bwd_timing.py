@@ -6,6 +6,12 @@ fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward Fla
 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
        [--variants 1 2] [--det 0 1] (kernel variants; default and deterministic mode)
+       [--sm-margin 0 8] (SMs left free; variant 6 only, the others ignore it and run once)
+Validation in the same run: every configuration of a (S, mask) is compared with the first one
+timed in the same mode (default / deterministic; e.g. `--variants 5 6`: variant 6 against 5):
+dq/dk/dv relative error (< 1e-2 or `CHECK FAILED`), and whether they are bitwise equal (expected
+for 6 vs 5: dk/dv always, dq in deterministic mode) -- the `check` field of each row.
+cuDNN covers full, causal and sliding_window (local_window_size).
 """
 
 from __future__ import annotations
@@ -51,9 +57,31 @@ def small_cases(variants=None):
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
         for variant in variants or getattr(_cuda, "BWD_VARIANTS", (1,)):
             for mode, det in ((1, False), (0, False), (1, True)):
-                jax.block_until_ready(_bwd(q, k, k, b, out, lse, do, None, scale=0.1, dq_mode=mode,
-                                           deterministic=det, variant=variant))
+                # variant 6 also with 4 CTAs (sm_margin): several items per CTA, both slots
+                for margin in ((0, 128) if variant == 6 else (0,)):
+                    jax.block_until_ready(_bwd(q, k, k, b, out, lse, do, None, scale=0.1,
+                                               dq_mode=mode, deterministic=det, variant=variant,
+                                               sm_margin=margin))
     print("sanitize case done", flush=True)
+
+
+def _compare(first, tag, det, g):
+    """Relative errors of g = (dq, dk, dv) against the first configuration's, and bitwise flags.
+    Variants with the same per-item math (5, 6; 3, 4, 5) give bitwise equal dk/dv always and dq
+    too when both are deterministic; in the default mode dq differs by fp32 summation order."""
+    import numpy as np
+    ftag, fdet, fg = first
+    out = {"vs": ftag}
+    for name, x, y in zip(("dq", "dk", "dv"), g, fg):
+        x = np.asarray(x.astype(jnp.float32), np.float64)
+        y = np.asarray(y.astype(jnp.float32), np.float64)
+        den = np.linalg.norm(y)
+        out[f"{name}_relerr"] = float(np.linalg.norm(x - y) / (den if den > 0 else 1.0))
+        out[f"{name}_bitwise"] = bool(np.array_equal(x, y))
+        out[f"{name}_finite"] = bool(np.isfinite(x).all())
+    out["ok"] = (all(out[f"{n}_finite"] for n in ("dq", "dk", "dv"))
+                 and all(out[f"{n}_relerr"] < 1e-2 for n in ("dq", "dk", "dv")))
+    return out
 
 
 def main():
@@ -72,6 +100,9 @@ def main():
     ap.add_argument("--dq-modes", type=int, nargs="+", default=[1])
     ap.add_argument("--variants", type=int, nargs="+", default=[None])
     ap.add_argument("--det", type=int, nargs="+", default=[0], help="0: default, 1: deterministic")
+    ap.add_argument("--sm-margin", type=int, nargs="+", default=[0],
+                    help="SMs variant 6 leaves free (other variants ignore it and run once)")
+    ap.add_argument("--no-check", action="store_true", help="skip the comparison with the first config")
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -93,29 +124,40 @@ def main():
             rho = float(masks.block_sparsity(m, S, 128))
             flops = 2.5 * 4.0 * B * H * S * S * d * (1 - rho)
             out, lse = jax.block_until_ready(_cuda.forward(q, k, v, bounds, scale=scale))
-            for variant in a.variants:
-                for det in a.det:
-                    for mode in a.dq_modes:
-                        if det and mode != 1:
-                            continue
-                        f = jax.jit(lambda q, k, v, b, o, l, g, mode=mode, det=det, variant=variant: _bwd(
-                            q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode,
-                            deterministic=bool(det), variant=variant))
-                        tag = (f"flashmask_bwd_v{variant or _cuda.DEFAULT_BWD_VARIANT}"
-                               f"{'_det' if det else ''}_dq{mode}")
-                        try:
-                            t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)
-                            r = dict(impl=tag, S=S, B=B, H=H, d=d, mask=name, rho=rho,
-                                     ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
-                            rows.append(r)
-                            print(json.dumps(r), flush=True)
-                        except Exception as e:  # noqa: BLE001
-                            print(f"ours S={S} {name} {tag}: FAILED {e}", flush=True)
-            del out, lse
-            if a.cudnn and name in ("full", "causal"):
-                causal = name == "causal"
-                att = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
-                    q, k, v, is_causal=causal, implementation="cudnn")
+            first = {}  # det -> (tag, det, grads) of the first configuration of that mode: the reference
+            configs = [(vr, det, mode, mg) for vr in a.variants for det in a.det for mode in a.dq_modes
+                       for mg in (a.sm_margin if vr == 6 else [0]) if not (det and mode != 1)]
+            for variant, det, mode, margin in configs:
+                f = jax.jit(lambda q, k, v, b, o, l, g, mode=mode, det=det, variant=variant,
+                            margin=margin: _bwd(q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode,
+                                                deterministic=bool(det), variant=variant,
+                                                sm_margin=margin))
+                tag = (f"flashmask_bwd_v{variant or _cuda.DEFAULT_BWD_VARIANT}"
+                       f"{'_det' if det else ''}_dq{mode}{f'_m{margin}' if margin else ''}")
+                try:
+                    t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)
+                    r = dict(impl=tag, S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                             ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
+                    if not a.no_check:
+                        g = jax.block_until_ready(f(q, k, v, bounds, out, lse, do))
+                        if det not in first:
+                            first[det] = (tag, det, g)
+                        else:
+                            r["check"] = _compare(first[det], tag, det, g)
+                            if not r["check"]["ok"]:
+                                print(f"CHECK FAILED S={S} {name} {tag} vs {first[det][0]}: "
+                                      f"{r['check']}", flush=True)
+                        del g
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"ours S={S} {name} {tag}: FAILED {e}", flush=True)
+            del out, lse, first
+            if a.cudnn and name in ("full", "causal", "sliding_window"):
+                kw = dict(is_causal=name != "full", implementation="cudnn")
+                if name == "sliding_window":  # the window the bounds hold (LTS[0] = w + 1)
+                    kw["local_window_size"] = (int(bounds[0, 0, 0, 0]) - 1, 0)
+                att = lambda q, k, v, kw=kw: jax.nn.dot_product_attention(q, k, v, **kw)  # noqa: E731
                 fwd = jax.jit(att)
                 fb = jax.jit(lambda q, k, v, g: jax.vjp(att, q, k, v)[1](g))
                 try:

@@ -241,7 +241,13 @@ DEFAULT_BWD_DQ_MODE = 1
 #      allow: measured (fastest, 461 full 8K) but never the default;
 #   5: variant 4 without the early dK issue (only the st.shared dS store; no register access to
 #      an in-flight wgmma's A fragment). Same results as 3 and 4 (bitwise test on the H200).
-BWD_VARIANTS = (1, 2, 3, 4, 5)
+#   6: variant 5's kernel body on a persistent grid of num_SMs - sm_margin CTAs taking work items
+#      (key block, kv head, batch) from a global counter, heaviest key blocks first within L2
+#      sections of heads; the next item's K/V load under the current item's dK/dV epilogue.
+#      Same per-item math as 5 (bitwise equal dK/dV; dQ too in deterministic mode).
+# sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
+# variants 1-5 launch one CTA per work item and ignore it.
+BWD_VARIANTS = (1, 2, 3, 4, 5, 6)
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal to 3, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s (variant 3:
                          # 388 / 362 / 319), deterministic 424 / 405 / 312;
@@ -250,7 +256,7 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal t
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
                      dq_mode: int | None = None, deterministic: bool = False,
-                     variant: int | None = None):
+                     variant: int | None = None, sm_margin: int = 0):
     """FlashMask backward on Hopper: (dq, dk, dv) in the inputs' dtypes.
 
     Same arguments as the forward plus out [B,Sq,N,d], lse float32 [B,Sq,N] (as the forward returns
@@ -262,6 +268,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     their dQ into the fp32 workspace in a fixed (descending key-block) order, ordered through one bit
     per (query tile, key block) in an extra workspace; dK/dV are reduced in registers in a fixed
     order in both modes. Needs dq_mode 1 (the default).
+
+    sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
+    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 1-5 ignore it.
     """
     mod, reason = _load()
     if mod is None:
@@ -278,6 +287,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     variant = DEFAULT_BWD_VARIANT if variant is None else int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
+    sm_margin = _check_sm_margin(sm_margin)
     deterministic = _check_deterministic(deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
@@ -296,14 +306,24 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
         jax.ShapeDtypeStruct(v.shape, v.dtype),
         jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
         jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
-        jax.ShapeDtypeStruct((B, Hm, 8, nblk), jnp.int32),     # block-metadata workspace
+        # block metadata [B, Hm, 8, nblk], then variant 6's scheduler area (counter, 3 spare,
+        # key-block order [nblk])
+        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk,), jnp.int32),
         jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")
     dq, dk, dv, *_ = call(q, k, v, bounds, out, lse, dout, dlse, scale=np.float32(scale),
                           dq_mode=np.int32(dq_mode), deterministic=np.int32(deterministic),
-                          variant=np.int32(variant))
+                          variant=np.int32(variant), sm_margin=np.int32(sm_margin))
     return dq, dk, dv
+
+
+def _check_sm_margin(sm_margin) -> int:
+    if isinstance(sm_margin, (bool, np.bool_)) or not isinstance(sm_margin, (int, np.integer)):
+        raise ValueError(f"sm_margin must be an int, got {type(sm_margin).__name__}")
+    if int(sm_margin) < 0:
+        raise ValueError(f"sm_margin must be >= 0, got {sm_margin}")
+    return int(sm_margin)
 
 
 def _check_deterministic(deterministic) -> bool:
@@ -314,18 +334,19 @@ def _check_deterministic(deterministic) -> bool:
 
 def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
                             dq_mode: int | None = None, deterministic: bool = False,
-                            variant: int | None = None):
+                            variant: int | None = None, sm_margin: int = 0):
     """The kernel where it is compiled for (dtype, d); the portable `_xla.backward` elsewhere
     (e.g. d=256), so that a CUDA forward never makes training fail in the backward. Both honour
     `deterministic` (see `_xla.backward`)."""
     deterministic = _check_deterministic(deterministic)
+    sm_margin = _check_sm_margin(sm_margin)
     try:
         check_supported_backward(q.shape, q.dtype, q.shape[-1])
     except NotImplementedError:
         return _xla.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
                              deterministic=deterministic)
     return _backward_kernel(q, k, v, bounds, out, lse, dout, dlse, scale=scale, dq_mode=dq_mode,
-                            deterministic=deterministic, variant=variant)
+                            deterministic=deterministic, variant=variant, sm_margin=sm_margin)
 
 
 # Enabled after the GPU backward tests passed on an H200 (2026-11-29 23:36 UTC: 26/26 of

@@ -24,7 +24,7 @@ int64_t prod_dims(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer bounds, ffi::AnyBuffer o, ffi::AnyBuffer lse,
                    ffi::AnyBuffer dout, ffi::AnyBuffer dlse, float scale, int32_t dq_mode,
-                   int32_t deterministic, int32_t variant,
+                   int32_t deterministic, int32_t variant, int32_t sm_margin,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
                    ffi::Result<ffi::AnyBuffer> rowstats, ffi::Result<ffi::AnyBuffer> meta,
@@ -105,9 +105,12 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (deterministic && dq_mode != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: deterministic mode needs dq_mode 1 (bulk)");
   p.deterministic = deterministic;
-  if (variant < 1 || variant > 5)
-    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 to 5");
+  if (variant < 1 || variant > 6)
+    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 to 6");
   p.variant = variant;
+  if (sm_margin < 0)
+    return ffi::Error::InvalidArgument("flashmask_bwd: sm_margin must be >= 0");
+  p.sm_margin = sm_margin;  // variant 6 only
   p.dq_sem = static_cast<uint32_t*>(dq_sem->untyped_data());
   p.dq_sem_capacity = (int64_t)dq_sem->element_count();
 
@@ -140,6 +143,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskBwdSm90, jfm::BwdImpl,
                                   .Attr<int32_t>("dq_mode")
                                   .Attr<int32_t>("deterministic")
                                   .Attr<int32_t>("variant")
+                                  .Attr<int32_t>("sm_margin")
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv

@@ -86,7 +86,61 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
   }
 }
 
+// Variant 6 scheduler pre-pass. Query tiles of key block n that the kernel does not skip, for one
+// mask head: mblk minus the tiles lying entirely inside [LTSmax, LTEmin) or [UTSmax, UTEmin) (the
+// skip test of bwd_find_kept). Both are contiguous tile ranges; |R1 u R2| = |R1| + |R2| - |R1 n R2|.
+constexpr int kSchedThreads = 1024;
+constexpr int kSchedMaxBlocks = 8192;  // key blocks sortable in the 32 KB of smem (Sk <= 1M)
+
+__device__ __forceinline__ void sched_inside(int lo_key, int hi_key, int Sq, int mblk, int& lo,
+                                             int& hi) {
+  lo = (max(lo_key, 0) + kBwdBlockM - 1) / kBwdBlockM;
+  hi = hi_key >= Sq ? mblk - 1 : max(hi_key, 0) / kBwdBlockM - 1;  // last tile ending <= hi_key
+}
+
+__global__ void __launch_bounds__(kSchedThreads) bwd_sched_kernel(
+    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
+    int Sq, int mode) {
+  __shared__ int w[kSchedMaxBlocks];
+  if (threadIdx.x == 0) sched[0] = 0;  // the item counter of this call
+  int32_t* order = sched + 4;
+  if (mode != 0) {  // 1: deterministic (descending key block), 2: too many blocks (ascending)
+    for (int r = threadIdx.x; r < nblk; r += kSchedThreads) order[r] = mode == 1 ? nblk - 1 - r : r;
+    return;
+  }
+  for (int n = threadIdx.x; n < nblk; n += kSchedThreads) {
+    int64_t tot = 0;
+    for (int bh = 0; bh < BH; ++bh) {
+      const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
+      int l1, h1, l2, h2;
+      sched_inside(mt[1 * nblk], mt[2 * nblk], Sq, mblk, l1, h1);  // LTSmax, LTEmin
+      sched_inside(mt[5 * nblk], mt[6 * nblk], Sq, mblk, l2, h2);  // UTSmax, UTEmin
+      const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
+      const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
+      tot += mblk - (c1 + c2 - c12);
+    }
+    w[n] = tot > INT_MAX ? INT_MAX : (int)tot;
+  }
+  __syncthreads();
+  for (int n = threadIdx.x; n < nblk; n += kSchedThreads) {
+    const int wn = w[n];
+    int rank = 0;
+    for (int j = 0; j < nblk; ++j) {
+      const int wj = w[j];
+      rank += (wj > wn) || (wj == wn && j < n);
+    }
+    order[rank] = n;
+  }
+}
+
 }  // namespace
+
+cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk, int mblk,
+                           int Sq, bool deterministic, cudaStream_t stream) {
+  const int mode = deterministic ? 1 : (nblk > kSchedMaxBlocks ? 2 : 0);
+  bwd_sched_kernel<<<1, kSchedThreads, 0, stream>>>(meta, sched, B * Hm, nblk, mblk, Sq, mode);
+  return cudaGetLastError();
+}
 
 cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
   const int64_t rows = (int64_t)p.B * p.N * sq_pad;

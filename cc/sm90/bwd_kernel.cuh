@@ -16,7 +16,8 @@
 // 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
 // GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem);
 // 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem (st.shared);
-// 5 = variant 4 without the early dK issue (only the st.shared store).
+// 5 = variant 4 without the early dK issue (only the st.shared store); 6 = variant 5 on a
+// persistent grid with a heaviest-first work-item scheduler (flashmask_bwd_persist_kernel).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -36,14 +37,17 @@ namespace jfm::sm90 {
 // V4_ = true (with PP_): the dS tile stored on 32-bit shared addresses; EarlydK_: each tile's dK
 // GEMM issued before that store (see flashmask_bwd_pp_kernel). Kernel variant 4 = both, variant 5
 // = the store alone (dK after the store, as variant 3).
+// Persist_ = true (with V4_, !EarlydK_): kernel variant 6, flashmask_bwd_persist_kernel.
 template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false,
-          bool EarlydK_ = V4_>
+          bool EarlydK_ = V4_, bool Persist_ = false>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kWS = WS_;
   static constexpr bool kPP = PP_;
   static constexpr bool kV4 = V4_;
   static constexpr bool kEarlydK = EarlydK_;
+  static constexpr bool kPersist = Persist_;
+  static_assert(!Persist_ || (V4_ && !EarlydK_), "variant 6 = variant 5 on a persistent grid");
   static_assert(!PP_ || WS_, "variant 3 is warp specialized");
   static_assert(!V4_ || PP_, "variants 4 and 5 are variants of the ping-pong kernel");
   static_assert(!EarlydK_ || V4_, "early dK only with variant 4");
@@ -98,8 +102,16 @@ struct BwdTraits {
     alignas(8) uint64_t ds_full[kDsBufs];   // dS tile stored by all 256 consumer threads
     alignas(8) uint64_t ds_empty[kDsBufs];  // dQ GEMM on the dS tile done in both warpgroups
   };
+  // Variant 6 extras: the item-id ring (producer -> consumers and dQ writer) and the K/V release.
+  struct PersistExtra : PPExtra {
+    alignas(8) uint64_t sched_full[2];   // item id of the slot published (1 arrival)
+    alignas(8) uint64_t sched_empty[2];  // slot read by the 256 consumers + the dQ writer
+    alignas(8) uint64_t kv_empty;        // last reads of sK / sV of the item done (256)
+    int item[2][4];  // item id, then its key block n, kv head hk, batch b
+  };
   struct NoExtra {};
-  using Extra = std::conditional_t<PP_, PPExtra, NoExtra>;
+  using Extra =
+      std::conditional_t<Persist_, PersistExtra, std::conditional_t<PP_, PPExtra, NoExtra>>;
 
   struct SharedStorage {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
@@ -138,6 +150,12 @@ struct BwdArgs {
   int deterministic;
   uint32_t* dq_sem;
   int sem_words;
+  // Variant 6 (persistent): sched[0] = item counter, sched[4 + r] = key block of rank r (see
+  // flashmask_bwd_persist_kernel); items_total = nblk * K * B; sec_heads = (b, kv head) pairs per
+  // L2 section of the item order.
+  int* sched;
+  int items_total;
+  int sec_heads;
 };
 
 __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
@@ -1312,6 +1330,523 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Variant 6: variant 5's kernel body on a persistent grid (num_SMs - sm_margin CTAs, at most one
+// per work item). A work item is one (key block n, kv head hk, batch b), i.e. one CTA of variants
+// 1-5. Item ids come from BwdArgs::sched: sched[0] is a global counter (zeroed by
+// bwd_sched_sm90 in the same stream before the launch), sched[4 + r] the key block of rank r
+// (bwd_sched_sm90: key blocks by descending query-tile count summed over batch and mask heads,
+// ties ascending; descending key block in deterministic mode). Item i -> (section of
+// a.sec_heads (b, hk) heads sized so that its Q + dO fit in about half the L2, rank r within the
+// section, head within the section): bwd_decode_item. Every item id, a CTA's first one included,
+// is atomicAdd(counter, 1).
+//  * The producer's TMA lane fetches the next id as soon as it has issued the last Q/dO load of
+//    the current item and publishes it in a 2-slot smem ring (sched_full: 1 arrival, sched_empty:
+//    256 consumer threads after the item's epilogue, as they read the item's (n, hk, b) from
+//    the slot at each use instead of keeping them in registers, + the dQ-writer warp's lane 0
+//    on reading it). It then waits kv_empty (all 256
+//    consumer threads past their last dQ GEMM of the item: the last reader of sK / sV) and
+//    loads the next K/V, so the next item's K/V and first Q/dO tiles load under the current
+//    item's dK/dV epilogue.
+//  * Tile-indexed barriers (full/empty, ds_full/ds_empty, dq_full/dq_empty) and their parities
+//    run on a tile count that continues across items (consumers: tg + local tile, tg kept mod 4
+//    in a packed state register with the slot / kv parities; producer and
+//    writer: their stage / buffer counters never reset). The last section of an item also
+//    arrives on ds_empty (variant 5 skips it: the kernel ends there), so every use of a buffer
+//    completes exactly one phase.
+//  * The named-barrier turn-taking is balanced per item (warpgroup 1 pre-arrives, warpgroup 0
+//    skips its last arrive), so it simply repeats.
+//  * Deterministic mode: the dQ-writer warp marks the item's skipped tiles at item start, then
+//    adds dQ in the ordered way of variant 5. Deadlock-free: items are handed out in increasing
+//    id, and an item only waits for items of the same (b, head) with a larger key block, which
+//    have smaller ids (descending key block within each section). The smallest unfinished id is
+//    held by a running CTA whose earlier items are all done, and everything it waits for has a
+//    smaller id, so it always progresses (no co-residency assumption needed).
+struct BwdItem {
+  int n, hk, b;
+};
+__device__ __forceinline__ BwdItem bwd_decode_item(const BwdArgs& a, int i) {
+  const int heads = a.B * a.K;
+  const int per_sec = a.sec_heads * a.nblk;
+  const int sec = i / per_sec;
+  const int h0 = sec * a.sec_heads;
+  const int hs = min(a.sec_heads, heads - h0);
+  const int j = i - sec * per_sec;
+  const int r = j / hs;
+  const int head = h0 + (j - r * hs);
+  BwdItem w;
+  w.n = a.sched[4 + r];
+  w.hk = head % a.K;
+  w.b = head / a.K;
+  return w;
+}
+
+template <class T, class TmaQ, class TmaK>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    flashmask_bwd_persist_kernel(CUTE_GRID_CONSTANT BwdArgs const a,
+                                 CUTE_GRID_CONSTANT TmaQ const tma_q,
+                                 CUTE_GRID_CONSTANT TmaQ const tma_do,
+                                 CUTE_GRID_CONSTANT TmaK const tma_k,
+                                 CUTE_GRID_CONSTANT TmaK const tma_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
+  using Storage = typename T::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  static_assert(T::kWS && T::kPP && T::kPersist && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2,
+                "PP layout");
+  constexpr int kConsumers = 128 * T::NWG;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      Barrier::init(&ss.full[s], 1);
+      Barrier::init(&ss.empty[s], kConsumers);
+      Barrier::init(&ss.dq_full[s], kConsumers);
+      Barrier::init(&ss.dq_empty[s], 1);
+      Barrier::init(&ss.x.ds_full[s], kConsumers);
+      Barrier::init(&ss.x.ds_empty[s], kConsumers);
+      Barrier::init(&ss.x.sched_full[s], 1);
+      Barrier::init(&ss.x.sched_empty[s], kConsumers + 1);
+    }
+    Barrier::init(&ss.kv_full, 1);
+    Barrier::init(&ss.x.kv_empty, kConsumers);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
+
+  // Reader side of the item ring: id of item `it` (all readers call it once per item, in order).
+  auto next_item = [&](int it) {
+    const int s = it & 1;
+    pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
+    return *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
+  };
+
+  if (tid < 128) {  // ---------------------------------------------------------- producer
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    const int warp = tid / 32;
+    if (warp == 0) {
+      if (lane == 0) {
+        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        int stage = 0, phase = 0, kvu = 0;
+        for (int it = 0;; ++it) {
+          const int s = it & 1;
+          Barrier::wait(&ss.x.sched_empty[s], ((it >> 1) & 1) ^ 1);  // slot read by all readers
+          // every id, the first included, from the counter: ids go out in increasing order and
+          // only to running CTAs (the deterministic mode's deadlock argument needs both)
+          const int item = atomicAdd(a.sched, 1);
+          BwdItem w{0, 0, 0};
+          if (item < a.items_total) w = bwd_decode_item(a, item);
+          volatile int* slot = &ss.x.item[s][0];
+          slot[0] = item;
+          slot[1] = w.n;
+          slot[2] = w.hk;
+          slot[3] = w.b;
+          pp_arrive(&ss.x.sched_full[s]);  // release: the slot stores are visible to the waiters
+          if (item >= a.items_total) break;
+          const int n = w.n, hk = w.hk, b = w.b;
+          int g = 0, m = 0;
+          bool partial = false;
+          bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          if (!have) continue;
+          // K / V of the previous item fully read (last dQ GEMM done in both warpgroups)
+          if (kvu > 0) Barrier::wait(&ss.x.kv_empty, (kvu - 1) & 1);
+          ++kvu;
+          Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+          Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+          auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                          group_modes<0, 2>(gK));
+          auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                          group_modes<0, 2>(gV));
+          Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+          copy(tma_k.with(ss.kv_full), tKg, tKs);
+          copy(tma_v.with(ss.kv_full), tVg, tVs);
+          while (have) {
+            Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
+            const int h = hk * a.heads_per_kv + g;
+            Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+            Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+            auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                            group_modes<0, 2>(gQ));
+            auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
+                                              group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+            Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                          2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+            copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+            copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+            const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+            SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
+                                     Bm * (int)sizeof(float));
+            SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
+                                     Bm * (int)sizeof(float));
+            if (++stage == S) { stage = 0; phase ^= 1; }
+            ++m;
+            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          }
+        }
+      }
+    } else if (warp == 1) {
+      // dQ writer (as variant 5) + deterministic skip marks, item by item; lane 0 releases the slot
+      int buf = 0, phase = 0;
+      for (int it = 0;; ++it) {
+        const int item = next_item(it);
+        __syncwarp();
+        if (lane == 0) pp_arrive(&ss.x.sched_empty[it & 1]);
+        if (item >= a.items_total) break;
+        const BwdItem w = bwd_decode_item(a, item);
+        const int n = w.n, hk = w.hk, b = w.b;
+        if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+        if (!a.dq_bulk) continue;
+        int g = 0, m = 0;
+        bool partial = false;
+        bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        while (have) {
+          const int h = hk * a.heads_per_kv + g;
+          const int64_t base = bwd_sem_word(a, b, h, m);
+          uint32_t first = 0;
+          if (a.deterministic) {
+            const int wd = (n + 1) / 32 + lane;
+            if (wd < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + wd);
+          }
+          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+          Barrier::wait(&ss.dq_full[buf], phase);
+          if (a.deterministic) {
+            const int w0 = (n + 1) / 32;
+            for (int wc = w0; wc < a.sem_words; wc += 32) {
+              const int wd = wc + lane;
+              const uint32_t need = bwd_sem_need(a, n, wd);
+              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + wd) : 0u);
+              while (!__all_sync(0xffffffffu, (v & need) == need)) {
+                __nanosleep(64);
+                if (need) v = ld_relaxed_gpu(a.dq_sem + base + wd);
+              }
+            }
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
+          if (lane == 0) {
+            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
+            if (a.deterministic) {
+              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+              asm volatile("fence.proxy.async.global;\n" ::: "memory");
+              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
+                           "r"(1u << (n % 32))
+                           : "memory");
+            } else {
+              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+            Barrier::arrive(&ss.dq_empty[buf]);
+          }
+          __syncwarp();
+          if (++buf == 2) { buf = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+      }
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------- consumers
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int ctid = tid - 128;
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? ctid : ctid % 128);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
+  const int wg = ctid / 128;
+  const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  const bool dq_store = T::kDqWG == T::NWG || wg == 0;
+
+  const float sl2 = a.scale_log2;
+
+  // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
+  auto turn_begin = [&]() {
+    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  };
+  auto turn_end = [&](bool last) {
+    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  };
+  auto sdp_gemms = [&](int st) {
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
+    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
+  };
+  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
+  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
+  auto put_dq = [&](int buf, int par, int64_t off) {
+    int ctid_b;
+    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
+                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+    if (a.dq_bulk) {
+      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
+      if (dq_store) {
+        CUTE_UNROLL
+        for (int e = 0; e < size(tdQrdQ); e += 2) {
+          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+        }
+      }
+      pp_fence_async_smem();
+      pp_arrive(&ss.dq_full[buf]);
+    } else if (dq_store) {
+      float* dqa = a.dq_accum + off;
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+      }
+    }
+  };
+
+  // Loop-carried state in one register (the consumers have none to spare: variant 5 needs all of
+  // its 240): bits 0-1 = items so far mod 4 (item slot, sched_full parity), bits 2-3 = tiles so
+  // far mod 4 (tg: barrier slots / parities of the next tile), bit 4 = items with tiles mod 2
+  // (kv_full parity). The item's (n, hk, b) are read from its smem slot at each use (volatile
+  // ld.shared) instead of living in registers; the slot is released (sched_empty) only after the
+  // item's epilogue so that the producer cannot overwrite it earlier.
+  uint32_t cs = 0;
+  for (;;) {
+  const int islot = cs & 1;
+  pp_wait(&ss.x.sched_full[islot], (cs >> 1) & 1);
+  const volatile int* slot = &ss.x.item[islot][0];
+  if (slot[0] >= a.items_total) break;
+#define JFM_ITEM_N (slot[1])
+#define JFM_ITEM_HK (slot[2])
+#define JFM_ITEM_B (slot[3])
+  int g = 0, m = 0;
+  bool partial = false;
+  bool have = bwd_find_kept<Bm, Bn>(a, JFM_ITEM_B, JFM_ITEM_HK, JFM_ITEM_N, g, m, partial);
+  clear(tdVrdV);
+  clear(tdKrdK);
+  if (have) {
+    pp_wait(&ss.kv_full, (cs >> 4) & 1);
+    cs ^= 16u;
+    if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
+    // Local tile t (global tg + t) uses Q/dO stage, dS buffer and dQ buffer (tg + t) % 2, with
+    // parity ((tg + t) / 2) % 2. No wgmma group is in flight across the loop's back edge.
+    int t = 0;
+    int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
+    while (true) {
+      const int tg = (int)(cs >> 2) & 3;
+      const int st = (tg + t) & 1, par = ((tg + t) >> 1) & 1;
+      // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t
+      turn_begin();
+      if (t >= 2) {
+        // both warpgroups stored their dS of tile t-2 before their previous section
+        pp_wait(&ss.x.ds_full[st], par ^ 1);
+        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+        const int64_t off = (int64_t)lin2 * (Bm * D);
+        pp_arrive(&ss.x.ds_empty[st]);
+        put_dq(st, par ^ 1, off);
+      }
+      pp_wait(&ss.full[st], par);
+      sdp_gemms(st);
+      turn_end(false);
+
+      // ---- math of tile t (under the other warpgroup's section)
+      int row_b, col_b, wg_b;
+      asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
+      asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
+      asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
+      const int h = JFM_ITEM_HK * a.heads_per_kv + g;
+      const int ms = m * Bm;
+      const float* l2s = &ss.x.rs[st][0][0];
+      const float* dls = &ss.x.rs[st][1][0];
+
+      int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
+      bool koob[2] = {false, false};
+      if (partial) {
+        const int hm = h / a.heads_per_mask;
+        const int32_t* bnd = a.bounds + ((int64_t)JFM_ITEM_B * a.Hm + hm) * 4 * (int64_t)a.Sk;
+        const int key0 = JFM_ITEM_N * Bn + 64 * wg + row_base, key1 = key0 + 8;
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const int j = i == 0 ? key0 : key1;
+          koob[i] = j >= a.Sk;
+          if (!koob[i]) {
+            lts[i] = __ldg(bnd + j);
+            lte[i] = __ldg(bnd + a.Sk + j);
+            uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+            ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+          }
+        }
+      }
+
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      CUTE_UNROLL
+      for (int kk = 0; kk < Bm / 8; ++kk) {
+        const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const int e = 4 * kk + 2 * i + j;
+            float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+            if (partial) {
+              const int q = ms + 8 * kk + col_b + j;
+              const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+              if (masked) p = 0.f;
+            }
+            tSrS(e) = p;
+          }
+        }
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrdP);
+      CUTE_UNROLL
+      for (int kk = 0; kk < Bm / 8; ++kk) {
+        const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const int e = 4 * kk + 2 * i + j;
+            const float p = tSrS(e);
+            const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+            tPrP(e) = static_cast<Elem>(p);
+            tPrdS(e) = static_cast<Elem>(ds);
+          }
+        }
+      }
+      wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+      // Variant 4: dK += dS^T Q is issued before the dS tile is stored (the stores only read the
+      // A-operand registers of the GEMM in flight, no accumulator), so the GEMM runs under the
+      // ds_empty wait and the 32 stores instead of after them. Same registers as variant 3.
+      if constexpr (T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
+      pp_wait(&ss.x.ds_empty[st], par ^ 1);
+      if constexpr (T::kV4) {
+        // Variants 4, 5: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
+        // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
+        // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
+        // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
+        // of the 32 elements (~340 integer instructions, ST.E.U16).
+        // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along
+        // the query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
+        constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
+        uint32_t dsb[2][2];
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i)
+          CUTE_UNROLL
+          for (int c = 0; c < 2; ++c)
+            dsb[i][c] = cute::cast_smem_ptr_to_uint(
+                raw_pointer_cast(&sdS(col_b + c, 64 * wg_b + row_b + 8 * i, st)));
+        CUTE_UNROLL
+        for (int e = 0; e < size(tPrdS); ++e) {
+          const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
+          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
+        }
+      } else {
+        CUTE_UNROLL
+        for (int e = 0; e < size(tPrdS); ++e)
+          sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
+      }
+      pp_fence_async_smem();
+      pp_arrive(&ss.x.ds_full[st]);
+      if constexpr (!T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdKrdK);
+      warpgroup_fence_operand(tPrP);
+      warpgroup_fence_operand(tPrdS);
+      pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+      lin2 = lin1;
+      lin1 = (JFM_ITEM_B * a.N + h) * a.mblk + m;
+
+      ++m;
+      have = bwd_find_kept<Bm, Bn>(a, JFM_ITEM_B, JFM_ITEM_HK, JFM_ITEM_N, g, m, partial);
+      if (!have) break;
+      ++t;
+    }
+    // ---- last section: dQ GEMMs of tiles t-1 and t
+    turn_begin();
+    CUTE_UNROLL
+    for (int u = 1; u >= 0; --u) {
+      const int tu = t - u;
+      if (tu >= 0) {
+        const int tg = (int)(cs >> 2) & 3;
+        const int st = (tg + tu) & 1, par = ((tg + tu) >> 1) & 1;
+        pp_wait(&ss.x.ds_full[st], par);
+        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+        pp_arrive(&ss.x.ds_empty[st]);  // (variant 5 ends here and skips it)
+        put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
+      }
+    }
+    turn_end(true);
+    // every wgmma of this item has completed (the dQ GEMMs above wait): sK / sV may be reloaded
+    pp_arrive(&ss.x.kv_empty);
+    cs = (cs & ~12u) | ((cs + 4u * (uint32_t)(t + 1)) & 12u);  // tg += t + 1 (mod 4)
+  }
+
+  Elem* dk = reinterpret_cast<Elem*>(a.dk);
+  Elem* dv = reinterpret_cast<Elem*>(a.dv);
+  const int en = JFM_ITEM_N, ehk = JFM_ITEM_HK, eb = JFM_ITEM_B;
+  CUTE_UNROLL
+  for (int e = 0; e < size(tdKrdK); e += 2) {
+    const int j = en * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
+    const int c = 8 * (e / 4) + col_base;
+    if (j < a.Sk) {
+      const int64_t off = (((int64_t)eb * a.Sk + j) * a.K + ehk) * D + c;
+      cutlass::Array<Elem, 2> pk, pv;
+      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
+      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
+      pv[0] = static_cast<Elem>(tdVrdV(e));
+      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
+    }
+  }
+  pp_arrive(&ss.x.sched_empty[islot]);  // item slot free (see cs above)
+  cs = (cs & ~3u) | ((cs + 1u) & 3u);
+#undef JFM_ITEM_N
+#undef JFM_ITEM_HK
+#undef JFM_ITEM_B
+  }  // items
+#endif
+}
+
 template <class T>
 cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
   using Elem = typename T::Elem;
@@ -1330,6 +1865,19 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
                           p.dq_sem_capacity < (int64_t)p.B * p.N * mblk * sem_words)) {
     if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
     return cudaErrorInvalidValue;
+  }
+  // variant 6: the scheduler area (counter + key-block order) follows the block metadata
+  const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
+  const int64_t items_total = (int64_t)nblk * p.K * p.B;
+  if constexpr (T::kPersist) {
+    if (p.meta_capacity < meta_elems + 4 + nblk) {
+      if (err) *err = "flashmask sm90 backward: metadata workspace too small for variant 6";
+      return cudaErrorInvalidValue;
+    }
+    if (items_total > INT32_MAX / 2) {
+      if (err) *err = "flashmask sm90 backward: too many work items for variant 6";
+      return cudaErrorInvalidValue;
+    }
   }
   if (p.K > 65535 || p.B > 65535) {
     if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
@@ -1386,15 +1934,37 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   a.deterministic = p.deterministic ? 1 : 0;
   a.dq_sem = p.dq_sem;
   a.sem_words = sem_words;
+  a.sched = nullptr;
+  a.items_total = (int)std::min<int64_t>(items_total, INT32_MAX);
+  a.sec_heads = 1;
 
   auto kernel = [&]() {
-    if constexpr (T::kPP) return &flashmask_bwd_pp_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    if constexpr (T::kPersist)
+      return &flashmask_bwd_persist_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    else if constexpr (T::kPP) return &flashmask_bwd_pp_kernel<T, decltype(tma_q), decltype(tma_k)>;
     else if constexpr (T::kWS) return &flashmask_bwd_ws_kernel<T, decltype(tma_q), decltype(tma_k)>;
     else return &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
   }();
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid(nblk, p.K, p.B);
+  if constexpr (T::kPersist) {
+    // L2 sections: as many (b, kv head) pairs as keep their Q + dO within ~24 MB (half the H200's
+    // L2), so that the CTAs working on one section share the Q / dO tiles they stream.
+    const int64_t head_bytes = (int64_t)a.heads_per_kv * p.Sq * D * 2 * (int64_t)sizeof(Elem);
+    const int64_t heads = (int64_t)p.B * p.K;
+    a.sec_heads = (int)std::max<int64_t>(1, std::min<int64_t>(heads, (24ll << 20) / std::max<int64_t>(head_bytes, 1)));
+    a.sched = p.meta + meta_elems;
+    // zeroes the counter and writes the key-block order (same stream: no host sync)
+    e = bwd_sched_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, p.deterministic != 0, stream);
+    if (e != cudaSuccess) return e;
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess)
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (sms <= 0) sms = 132;
+    const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
+    grid = dim3((unsigned)std::min<int64_t>(items_total, ctas), 1, 1);
+  }
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -1408,8 +1978,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   if (p.variant == 4) return launch_bwd_impl<BwdTraits<Elem, D, true, true, true>>(p, stream, err);
   if (p.variant == 5)
     return launch_bwd_impl<BwdTraits<Elem, D, true, true, true, false>>(p, stream, err);
+  if (p.variant == 6)
+    return launch_bwd_impl<BwdTraits<Elem, D, true, true, true, false, true>>(p, stream, err);
   if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 to 5";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 to 6";
   return cudaErrorInvalidValue;
 }
 

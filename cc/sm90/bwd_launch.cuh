@@ -12,5 +12,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
 // rowsum(dO * O) - dlse (0 on padded rows); both [B, N, sq_pad].
 cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
 // dq [B, Sq, N, d] = dq_accum [B, N, sq_pad, d] * scale, in the input dtype.
+// Variant 6 scheduler pre-pass (one CTA): sched[0] = 0 (the item counter) and sched[4 + r] = key
+// block of rank r: descending query-tile count summed over (batch, mask head), ties ascending
+// (descending key block when `deterministic`; ascending when nblk exceeds the pre-pass's smem).
+cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk, int mblk,
+                           int Sq, bool deterministic, cudaStream_t stream);
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
 }  // namespace jfm::sm90

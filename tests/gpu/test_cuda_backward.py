@@ -455,3 +455,103 @@ def test_variants_agree():
         for x, y in zip(got[VARIANTS[0]], got[other]):
             x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
             assert _relerr(x, y) < 1e-3, f"variant {other} vs {VARIANTS[0]}"
+
+
+# --------------------------------------------------------------------------- variant 6 (persistent)
+
+
+def _need_v56():
+    _need(jnp.bfloat16, 128)
+    if not (5 in VARIANTS and 6 in VARIANTS):
+        pytest.skip("variants 5 and 6 not both under test")
+
+
+def _assert_equal(x, y, msg):
+    np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32)),
+                                  err_msg=msg)
+
+
+@pytest.mark.parametrize("margin", [0, 129])
+@pytest.mark.parametrize("case", ["random_gqa", "causal_ragged", "empty_items", "many_heads"])
+def test_variant6_bitwise_equals_variant5(case, margin):
+    """Variant 6 runs variant 5's per-item code on a persistent grid: every (key block, kv head,
+    batch) item accumulates the same products in the same order, so dK/dV are bitwise equal to
+    variant 5 in both modes and dQ too in deterministic mode (default mode: fp32 order of the
+    reductions differs). margin 129: 3 CTAs on an H200 (many items per CTA, both item slots, K/V
+    reloads, the tile counters wrapping across items)."""
+    _need_v56()
+    rng = np.random.default_rng(11)
+    if case == "random_gqa":      # GQA 8 / 2, two mask heads with random masks
+        B, Sq, Sk, N, K = 2, 1100, 1300, 8, 2
+        b = random_bounds(rng, B, 2, Sq, Sk)
+    elif case == "causal_ragged":  # ragged Sk (last key block partial), heavy-first order matters
+        B, Sq, Sk, N, K = 1, 2000, 1999, 4, 4
+        b = causal_bounds(B, 1, Sq, Sk)
+    elif case == "empty_items":    # key blocks with no kept query tile (dK = dV = 0 items)
+        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
+        b = np.zeros((B, 1, 4, Sk), np.int32)
+        b[:, :, 0] = 0; b[:, :, 1] = Sq  # fully masked columns ...
+        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]  # ... but these
+    else:                          # more heads than one L2 section (sec_heads) at this length
+        B, Sq, Sk, N, K = 1, 8192, 640, 16, 16
+        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.5)
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
+    bj = jnp.asarray(b)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+    for det in (False, True):
+        for mode in ((1, 0) if not det else (1,)):
+            r5 = _bwd(q, k, v, bj, out, lse, do, dlse, scale=0.1, dq_mode=mode, deterministic=det,
+                      variant=5)
+            r6 = _bwd(q, k, v, bj, out, lse, do, dlse, scale=0.1, dq_mode=mode, deterministic=det,
+                      variant=6, sm_margin=margin)
+            msg = f"case={case} margin={margin} det={det} dq_mode={mode}"
+            for i, (x, y) in enumerate(zip(r5, r6)):
+                if i == 0 and not det:
+                    assert _relerr(np.asarray(y.astype(jnp.float32)),
+                                   np.asarray(x.astype(jnp.float32), np.float64)) < 1e-3, msg
+                    continue
+                _assert_equal(x, y, f"output {i} {msg}")
+    if case == "many_heads":  # (the float64 reference of 16 x 8192 x 640 is too slow here)
+        return
+    # and against the float64 reference (fully masked rows: exact zeros)
+    _check(q, k, v, do, b, seed=f"v6 {case}", rng=rng, fn=lambda *a: _bwd(
+        *a, scale=128 ** -0.5, variant=6, sm_margin=margin))
+
+
+def test_sm_margin_identical_results():
+    """sm_margin only changes how many persistent CTAs share the items: deterministic results are
+    bitwise identical for every margin (1 CTA included: margin >= the SM count), dK/dV also in the
+    default mode; variants 1-5 ignore it."""
+    _need(jnp.bfloat16, 128)
+    if 6 not in VARIANTS:
+        pytest.skip("variant 6 not under test")
+    rng = np.random.default_rng(12)
+    B, S, N, K = 2, 2048, 8, 4
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, B, 2, S, S))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    for det in (True, False):
+        runs = {m: _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=det, variant=6,
+                        sm_margin=m) for m in (0, 1, 8, 100, 131, 100000)}
+        for m, r in runs.items():
+            for i, (x, y) in enumerate(zip(runs[0], r)):
+                if i == 0 and not det:
+                    assert _relerr(np.asarray(y.astype(jnp.float32)),
+                                   np.asarray(x.astype(jnp.float32), np.float64)) < 1e-3
+                    continue
+                _assert_equal(x, y, f"sm_margin={m} output {i} det={det}")
+    r5 = [_bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=5, sm_margin=m)
+          for m in (0, 64)]
+    _assert_same_bits(r5[0], r5[1], "variant 5 ignores sm_margin")
+
+
+def test_sm_margin_validation():
+    _need(jnp.bfloat16, 128)
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 128, 128, 2, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 128, 128))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="sm_margin"):
+            _cuda.backward(q, k, v, b, out, lse, do, None, scale=0.1, variant=6, sm_margin=bad)
