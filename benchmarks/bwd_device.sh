@@ -46,7 +46,7 @@ for st in $STAGES; do
     echo "tests (deterministic) rc=$?: $(tail -1 "$OUT/tests_det.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_det.log" | head -8 ;;
   tests_rest)
-    timeout ${JFM_T_TESTS2:-80} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
+    timeout ${JFM_T_TESTS2:-120} $PY -m pytest tests/gpu/test_cuda_backward.py -q -rs -k "not deterministic and not variants_agree" > "$OUT/tests_rest.log" 2>&1
     echo "tests (rest) rc=$?: $(tail -1 "$OUT/tests_rest.log")"; el
     grep -E "^(FAILED|ERROR)" "$OUT/tests_rest.log" | head -8 ;;
   time)

@@ -1426,7 +1426,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
 
-  // Reader side of the item ring: id of item `it` (all readers call it once per item, in order).
+  // dQ-writer side of the item ring: id of item `it` (called once per item, in order; the
+  // consumers read the slot directly, see `cs` below).
   auto next_item = [&](int it) {
     const int s = it & 1;
     pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
