@@ -28,7 +28,7 @@ STAGES=${JFM_BWD_STAGES:-smoke tests_det time tests_rest san}
 NEW=${JFM_BWD_NEW:-6}
 BASE=${JFM_BWD_BASE:-5}
 export JFM_BWD_TEST_VARIANTS=${JFM_BWD_TEST_VARIANTS:-$BASE,$NEW}
-TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks full causal sliding_window causal_document document share_question --variants $BASE $NEW ${JFM_BWD_TIME_EXTRA-} --det 0 1 --cudnn --iters 4}
+TIME_ARGS=${JFM_BWD_TIME_ARGS:---seqs 8192 --masks sliding_window causal_document share_question full causal document --variants $BASE $NEW ${JFM_BWD_TIME_EXTRA-} --det 0 1 --cudnn --iters 4}
 SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants $NEW}
 for st in $STAGES; do
   case $st in
