@@ -123,6 +123,8 @@ def main():
     ap.add_argument("--no-probes", action="store_true", help="skip the compute-/comm-alone probes")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--implementation", default="cuda")
+    ap.add_argument("--sm-margin", type=int, default=0,
+                    help="SMs the Hopper kernels leave free on every rank (for NCCL's kernels)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit-s", type=float, default=0, help="stop starting new cases after this")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -139,7 +141,7 @@ def main():
     dt = jnp.dtype(a.dtype)
     H, K, D = a.heads, a.kv_heads, a.head_dim
     env = dict(devices=f"{P} x {dev0.device_kind}", jax=jax.__version__, H=H, K=K, d=D, dtype=a.dtype,
-               chunks_per_rank=m, implementation=a.implementation,
+               chunks_per_rank=m, implementation=a.implementation, sm_margin=a.sm_margin,
                xla_flags=os.environ.get("XLA_FLAGS", ""), nccl_nvls=os.environ.get("NCCL_NVLS_ENABLE"))
     print("env:", env, flush=True)
     rows = []
@@ -152,6 +154,7 @@ def main():
         (out_dir / f"{prefix}.md").write_text(render(env, rows))
 
     shard = NamedSharding(mesh, PS(None, "cp"))
+    cp_kwargs = {"sm_margin": a.sm_margin} if a.sm_margin else None
     for L in [int(x) for x in a.tokens_per_device.split(",")]:
         S = P * L
         kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(a.seed), 4)
@@ -212,7 +215,8 @@ def main():
                         def fwd(q, k, v, ind, pl):
                             return cp.context_parallel_attention(
                                 q, k, v, ind, plan=pl, mesh=mesh, axis_name="cp", causal=mk.causal,
-                                comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn)
+                                comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn,
+                                attention_kwargs=cp_kwargs)
 
                         def loss(q, k, v, ind, pl, g):
                             return jnp.sum(fwd(q, k, v, ind, pl).astype(jnp.float32) * g.astype(jnp.float32))
@@ -275,7 +279,8 @@ def render(env, rows):
     out = [f"# Context-parallel attention, {env['devices']}",
            "",
            f"B = 1, H = {env['H']}, K = {env['K']}, d = {env['d']}, {env['dtype']}, {env['chunks_per_rank']} chunks "
-           f"per rank, jax {env['jax']}, XLA_FLAGS='{env['xla_flags']}', NCCL_NVLS_ENABLE={env['nccl_nvls']}. "
+           f"per rank, sm_margin {env.get('sm_margin', 0)}, jax {env['jax']}, XLA_FLAGS='{env['xla_flags']}', "
+           f"NCCL_NVLS_ENABLE={env['nccl_nvls']}. "
            "TFLOP/s per GPU (FlashMask convention, x3.5 for fwd+bwd). speedup = one-GPU time / this time. "
            "hidden = (t_comm + t_compute − t_total) / t_comm. err = max|Δ| / max|ref| against one GPU.",
            "",

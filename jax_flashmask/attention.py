@@ -88,12 +88,14 @@ def _choose(implementation, query):
     return "xla"
 
 
-def _kernels(implementation: str):
-    """(forward, backward) for an implementation. Every backward takes `deterministic=`."""
+def _kernels(implementation: str, sm_margin: int = 0):
+    """(forward, backward) for an implementation. Every backward takes `deterministic=`;
+    `sm_margin` only means something to the Hopper kernels."""
     if implementation == "reference":
         return _reference_forward, _reference_backward
     if implementation == "cuda":
-        return _cuda.forward, _cuda.backward
+        return (functools.partial(_cuda.forward, sm_margin=sm_margin),
+                functools.partial(_cuda.backward, sm_margin=sm_margin))
     return _xla.forward, _xla.backward
 
 
@@ -109,23 +111,23 @@ def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, determi
     return vjp((dout, dlse))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _flash(q, k, v, bounds, scale, implementation, deterministic):
-    fwd, _ = _kernels(implementation)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _flash(q, k, v, bounds, scale, implementation, deterministic, sm_margin):
+    fwd, _ = _kernels(implementation, sm_margin)
     return fwd(q, k, v, bounds, scale=scale)
 
 
-def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic):
-    fwd, _ = _kernels(implementation)
+def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic, sm_margin):
+    fwd, _ = _kernels(implementation, sm_margin)
     out, lse = fwd(q, k, v, bounds, scale=scale)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
 
-def _flash_bwd(scale, implementation, deterministic, residuals, cotangents):
+def _flash_bwd(scale, implementation, deterministic, sm_margin, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
-    _, bwd = _kernels(implementation)
+    _, bwd = _kernels(implementation, sm_margin)
     dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
                      deterministic=deterministic)
     return dq, dk, dv, None
@@ -145,6 +147,7 @@ def attention(
     return_residual: bool = False,
     implementation: str | None = None,
     deterministic: bool = False,
+    sm_margin: int = 0,
 ):
     """FlashMask attention.
 
@@ -162,6 +165,9 @@ def attention(
         -> same bits). The Hopper backward then adds each query tile's dQ contributions in a fixed
         key-block order (a little slower); the portable backward avoids its one unordered
         scatter-add. The forward is deterministic either way.
+      sm_margin: Hopper kernels only: SMs their persistent grids leave free for work running at the
+        same time, e.g. the overlapped K/V transfers of context parallelism (NCCL's kernels need
+        SMs). 0 (default) uses every SM; ignored by the other implementations.
 
     Returns:
       ``[B, Sq, N, d]`` in query's dtype, or ``(out, lse)``. Rows whose keys are all masked give
@@ -176,6 +182,8 @@ def attention(
     if not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     deterministic = bool(deterministic)
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, (int, np.integer)) or sm_margin < 0:
+        raise ValueError(f"sm_margin must be an int >= 0, got {sm_margin!r}")
     b, sq, n, d = query.shape
     sk, kh = key.shape[1], key.shape[2]
     causal = bool(causal)
@@ -188,5 +196,5 @@ def attention(
         bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
     implementation = _choose(implementation, query)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic)
+    out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic, int(sm_margin))
     return (out, lse) if return_residual else out

@@ -313,6 +313,38 @@ def test_deterministic_must_be_bool():
             jf.attention(q, k, v, implementation="xla", deterministic=bad)
 
 
+def test_sm_margin_must_be_a_nonnegative_int():
+    q, k, v = make_qkv(np.random.default_rng(), 1, 8, 8, 1, 1, 8)
+    for bad in (-1, 1.5, True, "2", None):
+        with pytest.raises(ValueError, match="sm_margin"):
+            jf.attention(q, k, v, implementation="xla", sm_margin=bad)
+    ref = jf.attention(q, k, v, implementation="xla")
+    np.testing.assert_array_equal(jf.attention(q, k, v, implementation="xla", sm_margin=np.int32(8)), ref)
+
+
+def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
+    """No GPU needed: stand-ins for the two Hopper kernels record what attention passes them."""
+    att = sys.modules["jax_flashmask.attention"]
+    if att._cuda is None:
+        pytest.skip("jax_flashmask._cuda not importable")
+    seen = []
+
+    def fwd(q, k, v, bounds, *, scale, sm_margin=0):
+        seen.append(("fwd", sm_margin))
+        return _xla.forward(q, k, v, bounds, scale=scale)
+
+    def bwd(*a, sm_margin=0, **kw):
+        seen.append(("bwd", sm_margin))
+        return _xla.backward(*a, **kw)
+
+    monkeypatch.setattr(att._cuda, "forward", fwd)
+    monkeypatch.setattr(att._cuda, "backward", bwd)
+    q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
+    jax.grad(lambda q: jnp.sum(att._flash(q, k, v, att.unmasked_bounds(1, 16, causal=True, q_len=16),
+                                          0.3, "cuda", False, 8)[0]))(q)
+    assert seen == [("fwd", 8), ("bwd", 8)]
+
+
 def test_deterministic_reaches_the_backward(monkeypatch):
     xla = sys.modules["jax_flashmask._xla"]
     seen = []

@@ -249,6 +249,26 @@ def test_sm_margin_identical(d):
         _cuda.forward(q, k, v, b, scale=0.1, sm_margin=-1)
 
 
+def test_attention_sm_margin_same_values_and_grads():
+    """`jax_flashmask.attention(..., sm_margin=)` reaches both Hopper kernels and changes nothing
+    but the grid: output and gradients equal those with every SM (bitwise in deterministic mode)."""
+    import jax_flashmask as jf
+
+    rng = np.random.default_rng(_seed())
+    q, k, v = _inputs(rng, 1, 700, 700, 4, 2, 128, jnp.bfloat16)
+    mask = jf.masks.causal_document([300, 250, 150])
+
+    def run(margin):
+        f = lambda q, k, v: jnp.sum(jf.attention(q, k, v, mask, implementation="cuda",  # noqa: E731
+                                                 deterministic=True, sm_margin=margin).astype(jnp.float32))
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(q, k, v)
+
+    (l0, g0), (l8, g8) = run(0), run(120)
+    np.testing.assert_array_equal(np.asarray(l0), np.asarray(l8))
+    for a, b in zip(g0, g8):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+
+
 def test_check_supported_errors():
     with pytest.raises(NotImplementedError):
         _cuda.check_supported((1, 8, 2, 96), jnp.bfloat16, 96)
