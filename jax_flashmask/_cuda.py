@@ -170,9 +170,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     variant = DEFAULT_VARIANT if variant is None else int(variant)
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant}; compiled: {VARIANTS}")
-    sm_margin = int(sm_margin)
-    if sm_margin < 0:
-        raise ValueError(f"sm_margin must be >= 0, got {sm_margin}")
+    sm_margin = _check_sm_margin(sm_margin)
     if variant == 1 and (q.dtype != jnp.bfloat16 or q.shape[-1] != 128):
         raise NotImplementedError("kernel variant 1 is compiled for bfloat16, d=128 only")
     if variant == 7 and q.shape[-1] != 128:
