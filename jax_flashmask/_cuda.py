@@ -244,12 +244,16 @@ DEFAULT_BWD_DQ_MODE = 1
 #      sections of heads; the next item's K/V load under the current item's dK/dV epilogue.
 #      Same per-item math as 5 (bitwise equal dK/dV; dQ too in deterministic mode).
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
-# variants 1-5 launch one CTA per work item and ignore it.
+# variants 1-5 launch one CTA per work item and ignore it. variant=None picks variant 6 when
+# sm_margin > 0 (the only one that can leave SMs free), else the default.
 BWD_VARIANTS = (1, 2, 3, 4, 5, 6)
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal to 3, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s (variant 3:
                          # 388 / 362 / 319), deterministic 424 / 405 / 312;
-                         # benchmarks/results/bwd_dev_2026-11-30_run3.md
+                         # benchmarks/results/bwd_dev_2026-11-30_run3.md. Variant 6 (session 3,
+                         # runs 1-2): 62 GPU tests, sanitizers clean, dK/dV bitwise = 5, but full
+                         # 402 / causal 384 (-10 % / -7 %); sliding_window +2.6 %.
+PERSISTENT_BWD_VARIANT = 6
 
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
@@ -268,7 +272,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     order in both modes. Needs dq_mode 1 (the default).
 
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
-    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 1-5 ignore it.
+    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 1-5 ignore it; with
+    variant=None a margin > 0 selects variant 6.
     """
     mod, reason = _load()
     if mod is None:
@@ -282,10 +287,12 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     dq_mode = DEFAULT_BWD_DQ_MODE if dq_mode is None else int(dq_mode)
     if dq_mode not in BWD_DQ_MODES:
         raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
-    variant = DEFAULT_BWD_VARIANT if variant is None else int(variant)
+    sm_margin = _check_sm_margin(sm_margin)
+    if variant is None:
+        variant = PERSISTENT_BWD_VARIANT if sm_margin > 0 else DEFAULT_BWD_VARIANT
+    variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
-    sm_margin = _check_sm_margin(sm_margin)
     deterministic = _check_deterministic(deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
