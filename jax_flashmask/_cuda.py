@@ -251,9 +251,11 @@ DEFAULT_BWD_DQ_MODE = 1
 #      Same per-item math as 5 (bitwise equal dK/dV; dQ too in deterministic mode).
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 1-5 launch one CTA per work item and ignore it.
-# Head dim 256 has one kernel (cc/sm90/bwd_d256_kernel.cuh: 64 keys per CTA, the two consumer
-# warpgroups split d, S/dP of the next tile under dV/dK of the current one); every variant number
-# runs it, and it ignores sm_margin (one CTA per work item).
+# Head dim 256 has its own kernel (cc/sm90/bwd_d256_kernel.cuh: 64 keys per CTA, the two consumer
+# warpgroups split d, dQ staged over the dead Q/dO stage) in two forms: variant 4 = "EarlySdP" (the
+# next tile's S/dP issued before this tile's dV/dK), every other variant number = the default form.
+# Same results bit for bit (dK/dV always, dQ in deterministic mode). It ignores sm_margin (one CTA
+# per work item). Not run on a GPU yet (benchmarks/NOTES.md, "d = 256 backward (no device)").
 BWD_VARIANTS = (1, 2, 3, 4, 5, 6)
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal to 3, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s (variant 3:
@@ -279,7 +281,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 1-5 ignore it.
 
-    d=256: one kernel for every `variant` (64 keys per CTA); it ignores sm_margin.
+    d=256: its own kernel (64 keys per CTA) for every `variant` (4: its EarlySdP form); it
+    ignores sm_margin.
     """
     mod, reason = _load()
     if mod is None:

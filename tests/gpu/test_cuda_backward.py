@@ -573,8 +573,14 @@ def _need256(dtype=jnp.bfloat16):
     _need(dtype, 256)
 
 
+# d=256 kernel forms: the default (every variant number but 4) and variant 4 (EarlySdP: the next
+# tile's S/dP issued before this tile's dV/dK, see BwdD256Traits)
+D256_FORMS = [None, 4]
+
+
+@pytest.mark.parametrize("variant", D256_FORMS)
 @pytest.mark.parametrize("dq_mode", [1, 0])
-def test_d256_mask_families(dq_mode):
+def test_d256_mask_families(dq_mode, variant):
     """All twelve benchmark masks on a small problem (several key blocks of 64, GQA)."""
     _need256()
     seed = _seed()
@@ -584,7 +590,8 @@ def test_d256_mask_families(dq_mode):
     assert len(suite) == 12
     q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 256, jnp.bfloat16)
     for name, b in suite.items():
-        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode)
+        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode,
+               variant=variant)
 
 
 @pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (6, 3, 3), (4, 1, 1)])
@@ -606,8 +613,11 @@ def test_d256_ragged_lengths(Sq, Sk, dtype):
     seed = _seed()
     rng = np.random.default_rng(seed)
     q, k, v, do = _inputs(rng, 2, Sq, Sk, 2, 1, 256, dtype)
-    _check(q, k, v, do, random_bounds(rng, 2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode)
-    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode)
+    for variant in D256_FORMS:
+        _check(q, k, v, do, random_bounds(rng, 2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode,
+               variant=variant)
+        _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode,
+               variant=variant)
 
 
 def test_d256_fully_masked_rows_and_columns():
@@ -652,10 +662,15 @@ def test_d256_jit_vmap_and_variants():
     for x, y in zip(got, ref):
         np.testing.assert_array_equal(np.asarray(x[:, 0].astype(jnp.float32)),
                                       np.asarray(y.astype(jnp.float32)))
-    for variant in _cuda.BWD_VARIANTS:
+    for variant in _cuda.BWD_VARIANTS:  # 4 = the EarlySdP form: same products, same order
         r = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=variant,
                  sm_margin=7)
         _assert_same_bits(ref, r, f"d=256 variant {variant}")
+    for mode in (1, 0):  # dk/dv do not depend on the form or the dQ mode
+        r5 = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, dq_mode=mode)
+        r4 = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, dq_mode=mode, variant=4)
+        _assert_same_bits((ref[1], ref[2]), (r5[1], r5[2]), f"d=256 dk/dv dq_mode {mode}")
+        _assert_same_bits((ref[1], ref[2]), (r4[1], r4[2]), f"d=256 variant 4 dk/dv dq_mode {mode}")
 
 
 @pytest.mark.parametrize("case", ["causal", "full", "document", "random_gqa", "random_hm_n",
