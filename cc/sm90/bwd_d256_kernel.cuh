@@ -19,18 +19,23 @@
 //    [128w, 128w + 128): dV += P^T dO, dK += dS^T Q (m64n128k16, A = P^T / dS^T from smem,
 //    B = dO / Q as MN-major views) -- 2 x 64 fp32 accumulator registers per thread -- and
 //    dQ = dS K for its 128 columns (A = dS, the MN-major view of the stored dS^T; 64 registers);
-//  * software pipelining inside each warpgroup: the S / dP GEMMs of tile t+1 are issued before the
-//    dV / dK GEMMs of tile t, and the exp / dS math of tile t+1 runs while dV / dK of tile t are
-//    on the tensor cores (P / dS are double buffered); every wgmma group is waited in the loop
-//    iteration that issued it (none in flight across the back edge);
+//  * per tile and warpgroup: dQ, dV, dK GEMMs of tile t (192 accumulator registers in flight),
+//    wait, the first half of the dQ store, the S / dP GEMMs of tile t+1 (issued once 32 dQ
+//    registers are free), the second half of the dQ store under them, then the exp / dS math of
+//    tile t+1. Every wgmma group is waited in the loop iteration that issued it (none in flight
+//    across the back edge). P / dS are double buffered. Variant 4 ("EarlySdP") instead issues
+//    the S / dP GEMMs of tile t+1 before the dV / dK GEMMs of tile t and runs the math of t+1
+//    under them (more overlap, but see the next point);
 //  * the dQ tile needs 64 KB of fp32 staging for the bulk reduce, which does not fit beside K, V
 //    (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers (32 KB). Once both
 //    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), the Q / dO stage of tile t is
 //    dead: warpgroup 0 writes its dQ half (64 x 128 fp32 = 32 KB, fragment order) over the Q
 //    tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both into the workspace
-//    and then hands the stage back to the producer (so the producer refills a stage after its dQ
-//    has been read, about one tile before it is needed). dq_mode 0: float2 atomics from
-//    registers, the stage is released straight after the GEMMs.
+//    and then hands the stage back to the producer. So a stage comes back only after the dQ
+//    staged over it has been read, and the next tile's Q / dO load must fit between that and the
+//    S / dP issue of that tile: in the default order that is about one tile's dQ / dV / dK GEMMs,
+//    in the EarlySdP order almost nothing (its load latency is exposed). dq_mode 0: float2
+//    atomics from registers, the stage is released straight after the GEMMs.
 // The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
 // warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
 //
@@ -413,30 +418,39 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   };
   // dQ of the tile in stage st: bulk mode -> over the stage's Q (warpgroup 0) or dO (warpgroup 1)
   // tile once both warpgroups are done with the stage, for the writer warp; dq_mode 0 -> float2
-  // atomics at workspace tile index `lin`.
-  auto write_dq = [&](int st, int par, int lin) {
+  // atomics at workspace tile index `lin`. In two halves (fragment elements [0, 32) and [32, 64)),
+  // so that the S / dP GEMMs of the next tile can be issued in between: the registers of the
+  // first half are free by then.
+  auto write_dq_half = [&](auto half, int st, int par, int lin) {
+    constexpr int e0 = decltype(half)::value * 32;
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
     const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
     if (a.dq_bulk) {
-      pp_wait(&ss.consumed[st], par);
+      if constexpr (e0 == 0) pp_wait(&ss.consumed[st], par);
       float* dst = reinterpret_cast<float*>((ctid_b < 128 ? ss.q.begin() : ss.dO.begin()) +
                                             st * T::kStageElems);
       CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
+      for (int e = e0; e < e0 + 32; e += 2) {
         const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
         *reinterpret_cast<float2*>(dst + o) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
       }
-      pp_fence_async_smem();
-      pp_arrive(&ss.dq_full[st]);
+      if constexpr (e0 == 32) {
+        pp_fence_async_smem();
+        pp_arrive(&ss.dq_full[st]);
+      }
     } else {
       float* dqa = a.dq_accum + (int64_t)lin * (Bm * D) + (ctid_b / 128) * T::kDqHalfFloats;
       CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
+      for (int e = e0; e < e0 + 32; e += 2) {
         const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
         atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
       }
     }
+  };
+  auto write_dq = [&](int st, int par, int lin) {
+    write_dq_half(Int<0>{}, st, par, lin);
+    write_dq_half(Int<1>{}, st, par, lin);
   };
   auto gemms_done = [&]() {
     warpgroup_fence_operand(tdVrdV);
@@ -488,10 +502,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         gemms_done();
         pp_arrive(&ss.pds_empty[st]);
         release_stage(st);
-        write_dq(st, par, lin);
-        if (!next) break;
+        if (!next) {
+          write_dq(st, par, lin);
+          break;
+        }
+        write_dq_half(Int<0>{}, st, par, lin);
         pp_wait(&ss.full[st1], par1);
         sdp_gemms(st1);
+        write_dq_half(Int<1>{}, st, par, lin);
         math(Int<1>{}, Int<0>{}, st1, par1);
       }
       lin = (b * a.N + hk * a.heads_per_kv + g) * a.mblk + m;
