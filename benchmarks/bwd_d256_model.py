@@ -138,12 +138,15 @@ def run(T, seed, early, bulk, mut=None):
             else:
                 empty[s].arrive()
 
-        def write_dq(t):
+        def write_dq(t, between=None):  # between: the next tile's S/dP issue, between the halves
             s, par = t & 1, (t >> 1) & 1
             if bulk:
                 if mut != "no_consumed_wait":
                     yield lambda: consumed[s].ready(par)
                 write("stage", s, wg, ("dq", t), me + "-dq")
+            if between:
+                yield from between()
+            if bulk:
                 dq_full[s].arrive()
 
         yield lambda: full[0].ready(0)
@@ -178,11 +181,14 @@ def run(T, seed, early, bulk, mut=None):
                 yield lambda: True
                 big_wait(t)
                 release(t)
-                yield from write_dq(t)
                 if not nxt:
+                    yield from write_dq(t)
                     break
-                yield lambda: full[s ^ 1].ready(((t + 1) >> 1) & 1)
-                sdp_issue(t + 1)
+
+                def sdp_next():
+                    yield lambda: full[s ^ 1].ready(((t + 1) >> 1) & 1)
+                    sdp_issue(t + 1)
+                yield from write_dq(t, sdp_next)
                 yield lambda: True
                 sdp_wait(t + 1)
                 yield from math(t + 1)
