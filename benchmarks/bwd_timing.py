@@ -7,6 +7,7 @@ fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward Fla
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
        [--variants 1 2] [--det 0 1] (kernel variants; default and deterministic mode)
        [--sm-margin 0 8] (SMs left free; variant 6 only, the others ignore it and run once)
+       [--d 256 --heads 16] [--portable] (head dim; also time the portable XLA backward)
 Validation in the same run: every configuration of a (S, mask) is compared with the first one
 timed in the same mode (default / deterministic; e.g. `--variants 5 6`: variant 6 against 5):
 dq/dk/dv relative error (< 1e-2 or `CHECK FAILED`), and whether they are bitwise equal (expected
@@ -42,11 +43,13 @@ def timeit(f, *args, iters=10, warmup=2):
 
 
 def small_cases(variants=None):
-    """A few small launches (both dQ modes, d 64/128, ragged, GQA) for compute-sanitizer.
-    variants: kernel variants to run (default: all compiled)."""
+    """A few small launches (both dQ modes, d 64/128/256, ragged, GQA) for compute-sanitizer.
+    variants: kernel variants to run (default: all compiled; d=256: the first one and 4, its two
+    kernel forms)."""
     import numpy as np
     rng = np.random.default_rng(0)
-    for (Sq, Sk, N, K, d, dt) in [(129, 200, 4, 2, 128, jnp.bfloat16), (70, 333, 2, 1, 64, jnp.float16)]:
+    for (Sq, Sk, N, K, d, dt) in [(129, 200, 4, 2, 128, jnp.bfloat16), (70, 333, 2, 1, 64, jnp.float16),
+                                  (150, 197, 4, 2, 256, jnp.bfloat16)]:
         q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
         k = jnp.asarray(rng.standard_normal((1, Sk, K, d)), dt)
         do = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
@@ -55,7 +58,9 @@ def small_cases(variants=None):
         b[:, :, 1] = Sq
         b = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
-        for variant in variants or getattr(_cuda, "BWD_VARIANTS", (1,)):
+        vs = variants or getattr(_cuda, "BWD_VARIANTS", (1,))
+        # d=256: one kernel for every variant number but 4 (its EarlySdP form)
+        for variant in (sorted(set(vs[:1]) | ({4} & set(vs))) if d == 256 else vs):
             for mode, det in ((1, False), (0, False), (1, True)):
                 # variant 6 also with 4 CTAs (sm_margin): several items per CTA, both slots
                 for margin in ((0, 128) if variant == 6 else (0,)):
@@ -103,6 +108,9 @@ def main():
     ap.add_argument("--sm-margin", type=int, nargs="+", default=[0],
                     help="SMs variant 6 leaves free (other variants ignore it and run once)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the first config")
+    ap.add_argument("--portable", action="store_true",
+                    help="also time the portable XLA backward (_xla.backward, the d=256 fallback before "
+                         "the d=256 kernel)")
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -152,6 +160,18 @@ def main():
                     print(json.dumps(r), flush=True)
                 except Exception as e:  # noqa: BLE001
                     print(f"ours S={S} {name} {tag}: FAILED {e}", flush=True)
+            if a.portable:
+                from jax_flashmask import _xla
+                fx = jax.jit(lambda q, k, v, b, o, l, g: _xla.backward(q, k, v, b, o, l, g, None,
+                                                                       scale=scale))
+                try:
+                    t, tmin = timeit(fx, q, k, v, bounds, out, lse, do, iters=a.iters)
+                    r = dict(impl="xla_portable_bwd", S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                             ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"portable S={S} {name}: FAILED {e}", flush=True)
             del out, lse, first
             if a.cudnn and name in ("full", "causal", "sliding_window"):
                 kw = dict(is_causal=name != "full", implementation="cudnn")

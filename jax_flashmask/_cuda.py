@@ -193,9 +193,15 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
 # --------------------------------------------------------------------------------------- backward
 
 BWD_TARGET = "jax_flashmask_bwd_sm90"
-BWD_HEAD_DIMS = (64, 128)  # cc/sm90/bwd_aux.cu dispatch; d=256 not yet compiled
+BWD_HEAD_DIMS = (64, 128, 256)  # cc/sm90/bwd_aux.cu dispatch
 _BWD_BLOCK_M = 64   # query rows per tile (row-statistics padding), cc/sm90/params.h kBwdBlockM
-_BWD_BLOCK_N = 128  # keys per CTA (metadata granularity), kBwdBlockN
+
+
+def _bwd_block_n(head_dim: int) -> int:
+    """Keys per CTA of the backward kernel for `head_dim` (the metadata granularity: sizes the
+    metadata and ordering-bit workspaces): kBwdBlockN = 128 for d = 64 / 128, 64 for the d = 256
+    kernel (cc/sm90/bwd_d256_kernel.cuh)."""
+    return 64 if int(head_dim) == 256 else 128
 
 
 def _bwd_compiled_configs():
@@ -246,6 +252,11 @@ DEFAULT_BWD_DQ_MODE = 1
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 1-5 launch one CTA per work item and ignore it. variant=None picks variant 6 when
 # sm_margin > 0 (the only one that can leave SMs free), else the default.
+# Head dim 256 has its own kernel (cc/sm90/bwd_d256_kernel.cuh: 64 keys per CTA, the two consumer
+# warpgroups split d, dQ staged over the dead Q/dO stage) in two forms: variant 4 = "EarlySdP" (the
+# next tile's S/dP issued before this tile's dV/dK), every other variant number = the default form.
+# Same results bit for bit (dK/dV always, dQ in deterministic mode). It ignores sm_margin (one CTA
+# per work item). Not run on a GPU yet (benchmarks/NOTES.md, "d = 256 backward (no device)").
 BWD_VARIANTS = (1, 2, 3, 4, 5, 6)
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal to 3, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s (variant 3:
@@ -274,6 +285,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 1-5 ignore it; with
     variant=None a margin > 0 selects variant 6.
+
+    d=256: its own kernel (64 keys per CTA) for every `variant` (4: its EarlySdP form); it
+    ignores sm_margin.
     """
     mod, reason = _load()
     if mod is None:
@@ -302,7 +316,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     lse = lse.astype(jnp.float32)
     dlse = jnp.zeros((B, Sq, N), jnp.float32) if dlse is None else dlse.astype(jnp.float32)
     sq_pad = -(-Sq // _BWD_BLOCK_M) * _BWD_BLOCK_M
-    nblk = -(-Sk // _BWD_BLOCK_N)
+    nblk = -(-Sk // _bwd_block_n(d))
     # ordering bits of the deterministic mode: [B, N, query tiles, ceil(nblk / 32)] (else unused)
     sem_shape = (B, N, sq_pad // _BWD_BLOCK_M, -(-nblk // 32)) if deterministic else (1,)
     out_types = (
@@ -341,8 +355,8 @@ def _backward_with_fallback(q, k, v, bounds, out, lse, dout, dlse=None, *, scale
                             dq_mode: int | None = None, deterministic: bool = False,
                             variant: int | None = None, sm_margin: int = 0):
     """The kernel where it is compiled for (dtype, d); the portable `_xla.backward` elsewhere
-    (e.g. d=256), so that a CUDA forward never makes training fail in the backward. Both honour
-    `deterministic` (see `_xla.backward`)."""
+    (e.g. an extension built without the d=256 kernel), so that a CUDA forward never makes
+    training fail in the backward. Both honour `deterministic` (see `_xla.backward`)."""
     deterministic = _check_deterministic(deterministic)
     sm_margin = _check_sm_margin(sm_margin)
     try:

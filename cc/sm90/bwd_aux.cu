@@ -176,7 +176,9 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t str
 
 }  // namespace sm90
 
-const char* bwd_compiled_configs() { return "bf16_d64,bf16_d128,fp16_d64,fp16_d128"; }
+const char* bwd_compiled_configs() {
+  return "bf16_d64,bf16_d128,bf16_d256,fp16_d64,fp16_d128,fp16_d256";
+}
 
 cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err) {
   using cutlass::bfloat16_t;
@@ -204,10 +206,13 @@ cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const ch
     case 128:
       return bf16 ? sm90::launch_bwd<bfloat16_t, 128>(p, stream, err)
                   : sm90::launch_bwd<half_t, 128>(p, stream, err);
+    case 256:  // one kernel for every variant number; key blocks of 64 (bwd_d256_kernel.cuh)
+      return bf16 ? sm90::launch_bwd_d256<bfloat16_t>(p, stream, err)
+                  : sm90::launch_bwd_d256<half_t>(p, stream, err);
     default:
       break;
   }
-  if (err) *err = "flashmask sm90 backward: compiled for head dims 64 and 128 (bf16, fp16) only";
+  if (err) *err = "flashmask sm90 backward: compiled for head dims 64, 128 and 256 (bf16, fp16) only";
   return cudaErrorInvalidValue;
 }
 

@@ -7,6 +7,10 @@
 namespace jfm::sm90 {
 template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err);
+// Head dim 256 (bwd_d256_kernel.cuh, instantiated in inst/bwd_*_d256.cu): one kernel for every
+// `variant` value (p.variant and p.sm_margin are ignored), key blocks of 64.
+template <class Elem>
+cudaError_t launch_bwd_d256(const BwdParams& p, cudaStream_t stream, const char** err);
 
 // rowstats[0] = lse * log2(e) (+inf for fully masked and padded rows), rowstats[1] =
 // rowsum(dO * O) - dlse (0 on padded rows); both [B, N, sq_pad].

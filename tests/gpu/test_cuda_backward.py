@@ -151,10 +151,12 @@ def test_mask_families(S, dq_mode, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_head_dims_dtypes(d, dtype, variant):
     _need(dtype, d)
+    if d == 256 and variant != VARIANTS[0]:
+        pytest.skip("d=256: one kernel for every variant number (run once)")
     seed = _seed()
     rng = np.random.default_rng(seed)
     Sq, Sk = 300, 333
@@ -254,7 +256,8 @@ def test_vmap_matches_batched():
 
 @pytest.mark.parametrize("d", [128, 256])
 def test_fallback_matches_portable(d):
-    """_backward_with_fallback (what `backward` becomes) agrees with _xla.backward; d=256 falls back."""
+    """_backward_with_fallback (what `backward` becomes) agrees with _xla.backward (d=256: the
+    d=256 kernel where compiled, else the portable fallback itself)."""
     from jax_flashmask import _xla
     seed = _seed()
     rng = np.random.default_rng(seed)
@@ -274,7 +277,10 @@ def test_check_supported_backward_errors():
     with pytest.raises(NotImplementedError):
         _cuda.check_supported_backward((1, 8, 2, 96), jnp.bfloat16, 96)
     with pytest.raises(NotImplementedError):
-        _cuda.check_supported_backward((1, 8, 2, 256), jnp.bfloat16, 256)
+        _cuda.check_supported_backward((1, 8, 2, 32), jnp.float16, 32)
+    for dt in (jnp.bfloat16, jnp.float16):
+        if _compiled(dt, 256):  # the d=256 kernel: accepted
+            _cuda.check_supported_backward((1, 8, 2, 256), dt, 256)
 
 
 def test_grad_through_attention_uses_the_cuda_backward():
@@ -373,8 +379,9 @@ def test_deterministic_large_many_ctas(variant):
 
 
 def test_deterministic_fallback_d256_and_shared_kv_heads():
-    """d=256 goes through the portable backward: reproducible too, incl. 3 mask heads per kv head
-    (the case where the portable backward would scatter-add with duplicate indices)."""
+    """d=256 through `backward` (the d=256 kernel where compiled, else the portable backward):
+    reproducible, incl. 3 mask heads per kv head (the case where the portable backward would
+    scatter-add with duplicate indices)."""
     from jax_flashmask import _xla
     rng = np.random.default_rng(_seed())
     q, k, v, do = _inputs(rng, 1, 200, 230, 6, 2, 256, jnp.bfloat16)
@@ -555,3 +562,183 @@ def test_sm_margin_validation():
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="sm_margin"):
             _cuda.backward(q, k, v, b, out, lse, do, None, scale=0.1, variant=6, sm_margin=bad)
+
+
+# --------------------------------------------------------------------------- head dim 256 kernel
+# cc/sm90/bwd_d256_kernel.cuh: 64 keys per CTA (metadata and ordering bits at 64), the two consumer
+# warpgroups split d; one kernel for every variant number.
+
+
+def _need256(dtype=jnp.bfloat16):
+    _need(dtype, 256)
+
+
+# d=256 kernel forms: the default (every variant number but 4) and variant 4 (EarlySdP: the next
+# tile's S/dP issued before this tile's dV/dK, see BwdD256Traits)
+D256_FORMS = [None] + ([4] if 4 in getattr(_cuda, "BWD_VARIANTS", ()) else [])
+
+
+@pytest.mark.parametrize("variant", D256_FORMS)
+@pytest.mark.parametrize("dq_mode", [1, 0])
+def test_d256_mask_families(dq_mode, variant):
+    """All twelve benchmark masks on a small problem (several key blocks of 64, GQA)."""
+    _need256()
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    S = 400
+    suite = _suite(S, seed, 1)
+    assert len(suite) == 12
+    q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 256, jnp.bfloat16)
+    for name, b in suite.items():
+        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode,
+               variant=variant)
+
+
+@pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (6, 3, 3), (4, 1, 1)])
+def test_d256_gqa_mqa_mask_heads(N, K, Hm):
+    _need256()
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 150, 210
+    q, k, v, do = _inputs(rng, 1, Sq, Sk, N, K, 256, jnp.bfloat16)
+    _check(q, k, v, do, random_bounds(rng, 1, Hm, Sq, Sk), seed=seed, rng=rng)
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (1, 65), (63, 64), (65, 1), (129, 700), (700, 129),
+                                   (257, 63)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_d256_ragged_lengths(Sq, Sk, dtype):
+    _need256(dtype)
+    dq_mode = 1 if (Sq + Sk) % 2 else 0
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _inputs(rng, 2, Sq, Sk, 2, 1, 256, dtype)
+    for variant in D256_FORMS:
+        _check(q, k, v, do, random_bounds(rng, 2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode,
+               variant=variant)
+        _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode,
+               variant=variant)
+
+
+def test_d256_fully_masked_rows_and_columns():
+    _need256()
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 300, 400
+    q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 2, 256, jnp.bfloat16)
+    b = np.zeros((1, 1, 4, Sk), np.int32)
+    b[:, :, 0], b[:, :, 1] = 10, 150  # rows 10..149 masked for every column
+    b[:, :, 2], b[:, :, 3] = 290, 300  # and rows 290..299
+    b[:, :, 0, 64:192] = 0  # and key columns 64..191 masked for every row (whole key blocks)
+    b[:, :, 1, 64:192] = Sq
+    for mode in (1, 0):
+        dq, dk, dv = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=mode)
+        for x in (dk, dv):
+            assert np.all(np.asarray(x[:, 64:192].astype(jnp.float32)) == 0.0)
+    everything = np.zeros((1, 1, 4, Sk), np.int32)
+    everything[:, :, 1] = Sq
+    out, lse = _cuda.forward(q, k, v, jnp.asarray(everything), scale=0.1)
+    dlse = jnp.asarray(rng.standard_normal((1, Sq, 2), np.float32))
+    for det in (False, True):
+        dq, dk, dv = _bwd(q, k, v, jnp.asarray(everything), out, lse, do, dlse, scale=0.1,
+                          deterministic=det)
+        for x in (dq, dk, dv):
+            assert np.all(np.asarray(x.astype(jnp.float32)) == 0.0)
+
+
+def test_d256_jit_vmap_and_variants():
+    """vmap bit-equal to the batched call; every variant number runs the same d=256 kernel
+    (bitwise equal dk/dv, and dq in deterministic mode)."""
+    _need256()
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v, do = _inputs(rng, 3, 150, 190, 4, 2, 256, jnp.bfloat16)
+    b = jnp.asarray(random_bounds(rng, 3, 2, 150, 190))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    ref = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True)
+    vf = jax.jit(jax.vmap(lambda *a: _bwd(*(x[None] for x in a), None, scale=0.1,
+                                          deterministic=True)))
+    got = vf(q, k, v, b, out, lse, do)
+    for x, y in zip(got, ref):
+        np.testing.assert_array_equal(np.asarray(x[:, 0].astype(jnp.float32)),
+                                      np.asarray(y.astype(jnp.float32)))
+    for variant in _cuda.BWD_VARIANTS:  # 4 = the EarlySdP form: same products, same order
+        r = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=variant,
+                 sm_margin=7)
+        _assert_same_bits(ref, r, f"d=256 variant {variant}")
+    for mode in (1, 0):  # dk/dv do not depend on the form or the dQ mode
+        for variant in D256_FORMS:
+            r = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, dq_mode=mode, variant=variant)
+            _assert_same_bits((ref[1], ref[2]), (r[1], r[2]),
+                              f"d=256 variant {variant} dk/dv dq_mode {mode}")
+
+
+@pytest.mark.parametrize("case", ["causal", "full", "document", "random_gqa", "random_hm_n",
+                                  "many_words"])
+def test_d256_deterministic_bitwise(case):
+    """deterministic=True at d=256: two runs bit-identical (several key-block CTAs add into every
+    dQ tile), as accurate as the default mode."""
+    _need256()
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, Sq, Sk, N, K = 2, 500, 530, 4, 2
+    if case == "causal":
+        b = causal_bounds(B, 1, Sq, Sk)
+    elif case == "full":
+        b = np.zeros((B, 1, 4, Sk), np.int32); b[:, :, :2] = Sq
+    elif case == "document":
+        Sk = Sq
+        b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
+    elif case == "random_gqa":
+        N, K = 8, 2
+        b = random_bounds(rng, B, 2, Sq, Sk)
+    elif case == "random_hm_n":
+        b = random_bounds(rng, B, N, Sq, Sk)
+    else:  # 36 key blocks of 64: the ordering bits span two words per query tile
+        B, Sq, Sk, N, K = 1, 200, 2300, 2, 1
+        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 256, jnp.bfloat16)
+    det = jax.jit(lambda *a: _bwd(*a, scale=256 ** -0.5, deterministic=True))
+    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
+         scale=0.1)
+    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _assert_same_bits(first, second, f"seed={seed} case={case} d=256")
+
+
+def test_d256_deterministic_large_many_ctas():
+    """64 key blocks of 64 per (batch, kv head): repeated deterministic runs bit-identical and
+    equal to the default mode up to fp32 summation order; dq_mode 0 agrees too."""
+    _need256()
+    rng = np.random.default_rng(1)
+    B, S, N, K = 2, 4096, 4, 2  # 256 CTAs: about two waves
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 256, jnp.bfloat16)
+    for b in (causal_bounds(B, 1, S, S), np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        f = jax.jit(lambda *a, det, mode: _bwd(*a, None, scale=0.1, deterministic=det, dq_mode=mode),
+                    static_argnames=("det", "mode"))
+        runs = [f(q, k, v, bj, out, lse, do, det=True, mode=1) for _ in range(3)]
+        for r in runs[1:]:
+            _assert_same_bits(runs[0], r, "d=256 large case")
+        for mode in (1, 0):
+            ref = f(q, k, v, bj, out, lse, do, det=False, mode=mode)
+            for x, y in zip(runs[0], ref):
+                x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
+                assert _relerr(x, y) < 1e-2
+
+
+def test_d256_workspaces_use_64_key_blocks():
+    """The d=256 kernel's metadata and ordering bits are sized at 64 keys per block: Sk = 2100 is
+    33 blocks of 64 (two ordering words per query tile; one word at 128)."""
+    import re
+    _need256()
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 100, 2100, 2, 1, 256, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 100, 2100))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    f = jax.jit(lambda *a: _bwd(*a, scale=256 ** -0.5, deterministic=True))
+    hlo = f.lower(q, k, v, b, out, lse, do, None).as_text()
+    assert "tensor<1x2x2x2xi32>" in hlo  # [B, N, query tiles, ceil(33 / 32)]
+    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33), hlo)  # metadata at 64 keys
+    _check(q, k, v, do, np.asarray(b), seed=0, rng=rng, fn=f)

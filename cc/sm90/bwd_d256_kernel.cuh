@@ -1,0 +1,645 @@
+// FlashMask-3 backward for head dim 256 on Hopper (sm_90a). Same contract as the d = 64 / 128
+// kernels of bwd_kernel.cuh (column parallel: one CTA per (key block, kv head, batch); the CTA
+// walks the query heads of its GQA group and their non-skipped 64-row query tiles; element mask
+// on partial tiles only; dK / dV reduced over the group in registers; dQ in fp32 through the
+// dq_accum workspace (bulk reduce-add or float2 atomics), converted by bwd_convert_dq_sm90;
+// deterministic mode orders the dQ adds of each query tile by descending key block through the
+// same ordering bits), but with a different split of the work, because the d = 128 design does
+// not fit: 64 keys x 256 columns of dK plus dV are 256 fp32 registers per thread of a warpgroup.
+//
+// Design (benchmarks/NOTES.md, "d = 256 backward"):
+//  * Bn = 64 keys per CTA (the block metadata is built at 64 too), Bm = 64 query rows per tile.
+//    384 threads: a producer warpgroup (setmaxnreg 24: TMA warp, dQ-writer warp, skip-bit warp)
+//    and two consumer warpgroups (240) that split the work by columns instead of by keys:
+//  * S^T = K Q^T and dP^T = V dO^T (64 keys x 64 queries, contraction over d = 256): warpgroup w
+//    computes the query columns [32w, 32w + 32) (m64n32k16 WGMMA, both operands from smem),
+//    applies exp / the element mask / dS = P (dP - D) to its 64 x 32 slice and stores P^T and
+//    dS^T (bf16, keys x queries, queries contiguous) to smem;
+//  * once both slices are in smem (mbarrier pds_full), warpgroup w accumulates the d columns
+//    [128w, 128w + 128): dV += P^T dO, dK += dS^T Q (m64n128k16, A = P^T / dS^T from smem,
+//    B = dO / Q as MN-major views) -- 2 x 64 fp32 accumulator registers per thread -- and
+//    dQ = dS K for its 128 columns (A = dS, the MN-major view of the stored dS^T; 64 registers);
+//  * per tile and warpgroup: dQ, dV, dK GEMMs of tile t (192 accumulator registers in flight),
+//    wait, the first half of the dQ store, the S / dP GEMMs of tile t+1 (issued once 32 dQ
+//    registers are free), the second half of the dQ store under them, then the exp / dS math of
+//    tile t+1. Every wgmma group is waited in the loop iteration that issued it (none in flight
+//    across the back edge). P / dS are double buffered. Variant 4 ("EarlySdP") instead issues
+//    the S / dP GEMMs of tile t+1 before the dV / dK GEMMs of tile t and runs the math of t+1
+//    under them (more overlap, but see the next point);
+//  * the dQ tile needs 64 KB of fp32 staging for the bulk reduce, which does not fit beside K, V
+//    (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers (32 KB). Once both
+//    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), the Q / dO stage of tile t is
+//    dead: warpgroup 0 writes its dQ half (64 x 128 fp32 = 32 KB, fragment order) over the Q
+//    tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both into the workspace
+//    and then hands the stage back to the producer. So a stage comes back only after the dQ
+//    staged over it has been read, and the next tile's Q / dO load must fit between that and the
+//    S / dP issue of that tile: in the default order that is about one tile's dQ / dV / dK GEMMs,
+//    in the EarlySdP order almost nothing (its load latency is exposed). dq_mode 0: float2
+//    atomics from registers, the stage is released straight after the GEMMs.
+// The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
+// warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
+//
+// Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
+#pragma once
+
+#include "bwd_kernel.cuh"  // BwdArgs, bwd_find_kept, bwd_mark_skipped, ordering-bit helpers, pp_*
+
+namespace jfm::sm90 {
+
+// EarlySdP_ = false: the kernel of every variant number but 4. true (variant 4): the S / dP GEMMs of
+// tile t+1 are issued before the dV / dK GEMMs of tile t and the exp / dS math of t+1 runs under
+// them (more overlap inside a warpgroup, but the Q / dO stage of t+1 is then needed right after
+// the dQ of t-1 was staged over it: the load latency is exposed; measure both).
+template <class Elem_, bool EarlySdP_ = false>
+struct BwdD256Traits {
+  using Elem = Elem_;
+  static constexpr bool kEarlySdP = EarlySdP_;
+  static constexpr int D = 256, Bm = kBwdBlockM, Bn = 64, NWG = 2, Stages = 2, kPdsBufs = 2;
+  static constexpr int kThreads = 128 * (NWG + 1);
+  static constexpr int kQCols = Bm / NWG;  // query columns of S^T / dP^T per warpgroup
+  static constexpr int kDCols = D / NWG;   // d columns of dK / dV / dQ per warpgroup
+  static constexpr int kDqKK = kDCols / 8;
+  static_assert(Bm == 64, "fragment order (bwd_convert) assumes 64-row query tiles");
+
+  // Q / dO ring (Bm, D, Stages), K-major; (D, Bm, Stages) MN-major views for dK / dV.
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<Bm>, Int<D>, Int<Stages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{},
+      make_ordered_layout(Shape<Int<D>, Int<Bm>, Int<Stages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutK =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bn>, Int<D>>{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
+  // P^T and dS^T: (Bn keys, Bm queries, buffers), queries contiguous (K-major A of dV / dK); the
+  // (Bm queries, Bn keys) view of dS^T is the MN-major A operand of dQ = dS K.
+  using SmemLayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                              Shape<Int<Bn>, Int<Bm>, Int<kPdsBufs>>{}));
+  using SmemLayoutdS = decltype(composition(
+      SmemLayoutPt{},
+      make_ordered_layout(Shape<Int<Bm>, Int<Bn>, Int<kPdsBufs>>{}, Step<_2, _1, _3>{})));
+
+  // Both warpgroups share the A operand (M = 64 keys, or 64 queries for dQ) and split N.
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<kQCols>, Int<D>>>(),
+      Layout<Shape<_1, Int<NWG>, _1>>{}));
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<kDCols>, Int<Bm>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<NWG>, _1>>{}));
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<kDCols>, Int<Bn>>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<NWG>, _1>>{}));
+
+  static constexpr int kStageElems = Bm * D;  // one Q (or dO) stage
+  static constexpr int kDqHalfFloats = Bm * kDCols;  // one warpgroup's fp32 dQ half
+  static_assert(kDqHalfFloats * 4 == kStageElems * (int)sizeof(Elem),
+                "a warpgroup's fp32 dQ half fills exactly one Q (or dO) stage");
+
+  struct SharedStorage {
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> dO;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutPt>> p;
+    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutPt>> ds;
+    alignas(16) float rs[Stages][2][Bm];  // [stage][0] = lse * log2(e), [stage][1] = D
+    alignas(8) uint64_t full[Stages];      // Q + dO + row statistics of a tile landed
+    alignas(8) uint64_t empty[Stages];     // stage free again (dQ read by its reduce / atomics: GEMMs done)
+    alignas(8) uint64_t consumed[Stages];  // bulk mode: both warpgroups' GEMMs on the stage done
+    alignas(8) uint64_t dq_full[Stages];   // bulk mode: both dQ halves written over the stage
+    alignas(8) uint64_t pds_full[kPdsBufs];   // P^T / dS^T slices of both warpgroups stored
+    alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
+    alignas(8) uint64_t kv_full;              // K + V landed
+  };
+};
+
+template <class T, class TmaQ, class TmaK>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    flashmask_bwd_d256_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
+                              CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
+                              CUTE_GRID_CONSTANT TmaK const tma_v) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
+  using Storage = typename T::SharedStorage;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kConsumers = 128 * T::NWG;
+
+  extern __shared__ __align__(1024) char smem_raw[];
+  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      Barrier::init(&ss.full[s], 1);
+      Barrier::init(&ss.empty[s], a.dq_bulk ? 1 : kConsumers);
+      Barrier::init(&ss.consumed[s], kConsumers);
+      Barrier::init(&ss.dq_full[s], kConsumers);
+      Barrier::init(&ss.pds_full[s], kConsumers);
+      Barrier::init(&ss.pds_empty[s], kConsumers);
+    }
+    Barrier::init(&ss.kv_full, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
+
+  int g = 0, m = 0;
+  bool partial = false;
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+
+  if (tid < 128) {  // ---------------------------------------------------------- producer
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    const int warp = tid / 32;
+    if (warp == 0) {
+      if (lane == 0 && have) {
+        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+        auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                        group_modes<0, 2>(gK));
+        auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                        group_modes<0, 2>(gV));
+        Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+        copy(tma_k.with(ss.kv_full), tKg, tKs);
+        copy(tma_v.with(ss.kv_full), tVg, tVs);
+        int stage = 0, phase = 0;
+        while (have) {
+          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
+          const int h = hk * a.heads_per_kv + g;
+          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+          auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                          group_modes<0, 2>(gQ));
+          auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
+                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                        2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+          copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+          copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+          // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
+          const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+          SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.rs[stage][0][0],
+                                   Bm * (int)sizeof(float));
+          SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.rs[stage][1][0],
+                                   Bm * (int)sizeof(float));
+          if (++stage == S) { stage = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+      }
+    } else if (warp == 1) {
+      if (a.dq_bulk) {  // dQ writer: both halves of the tile's dQ, then the stage goes back
+        int stage = 0, phase = 0;
+        while (have) {
+          const int h = hk * a.heads_per_kv + g;
+          const int64_t base = bwd_sem_word(a, b, h, m);
+          uint32_t first = 0;
+          if (a.deterministic) {
+            const int w = (n + 1) / 32 + lane;
+            if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
+          }
+          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+          Barrier::wait(&ss.dq_full[stage], phase);
+          if (a.deterministic) {
+            const int w0 = (n + 1) / 32;
+            for (int wc = w0; wc < a.sem_words; wc += 32) {
+              const int w = wc + lane;
+              const uint32_t need = bwd_sem_need(a, n, w);
+              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
+              while (!__all_sync(0xffffffffu, (v & need) == need)) {
+                __nanosleep(64);
+                if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
+              }
+            }
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+          }
+          if (lane == 0) {
+            const float* src0 = reinterpret_cast<const float*>(ss.q.begin() + stage * T::kStageElems);
+            const float* src1 = reinterpret_cast<const float*>(ss.dO.begin() + stage * T::kStageElems);
+            CUTE_UNROLL
+            for (int w = 0; w < 2; ++w)
+              asm volatile(
+                  "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                      gtile + w * T::kDqHalfFloats),
+                  "r"(cute::cast_smem_ptr_to_uint(w == 0 ? src0 : src1)),
+                  "r"((int)(T::kDqHalfFloats * sizeof(float)))
+                  : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            if (a.deterministic) {
+              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+              asm volatile("fence.proxy.async.global;\n" ::: "memory");
+              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
+                           "r"(1u << (n % 32))
+                           : "memory");
+            } else {
+              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            }
+            Barrier::arrive(&ss.empty[stage]);  // the producer may refill the stage
+          }
+          __syncwarp();
+          if (++stage == S) { stage = 0; phase ^= 1; }
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        }
+        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      }
+    } else if (warp == 2) {
+      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------------------- consumers
+  cutlass::arch::warpgroup_reg_alloc<240>();
+  const int ctid = tid - 128;
+  const int wg = ctid / 128;
+  Tensor sPt = make_tensor(make_smem_ptr(ss.p.begin()), typename T::SmemLayoutPt{});
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadQ mma_dq;
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+  static_assert(decltype(size(tSrS))::value == 16 && decltype(size(tdVrdV))::value == 64 &&
+                    decltype(size(tdQrdQ))::value == 64,
+                "accumulator fragments: 64 x 32 and 64 x 128 per warpgroup");
+  // Accumulator fragment element e of a warpgroup's 64 x N slice: row 16*warp + lane/4 +
+  // 8*((e/2)%2), column 8*(e/4) + 2*(lane%4) + e%2 (the wgmma C layout, as in bwd_kernel.cuh).
+  const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
+  const int col_base = 2 * (lane % 4);
+
+  clear(tdVrdV);
+  clear(tdKrdK);
+  const float sl2 = a.scale_log2;
+  const int key0 = n * Bn + row_base, key1 = key0 + 8;
+
+  // The GEMM operands are rebuilt from a laundered smem pointer at every issue: otherwise ptxas
+  // keeps the 64-bit GMMA descriptors of every k-step (loop invariants: 16 per operand for the
+  // d = 256 contraction) live across the tile loop and spills them (first build: 432 bytes).
+  auto smem = [&](auto* p) {
+    asm volatile("mov.b64 %0, %0;" : "+l"(p));
+    return make_smem_ptr(p);
+  };
+  auto sdp_gemms = [&](int st) {  // two commit groups: S^T, then dP^T
+    auto thr = mma_sdp.get_thread_slice(ctid);
+    Tensor tK = thr.partition_fragment_A(make_tensor(smem(ss.k.begin()), typename T::SmemLayoutK{}));
+    Tensor tQ = thr.partition_fragment_B(make_tensor(smem(ss.q.begin()), typename T::SmemLayoutQ{}));
+    wgmma_gemm<true, -1, false>(mma_sdp, tK, tQ(_, _, _, st), tSrS);
+    Tensor tV = thr.partition_fragment_A(make_tensor(smem(ss.v.begin()), typename T::SmemLayoutK{}));
+    Tensor tdO = thr.partition_fragment_B(make_tensor(smem(ss.dO.begin()), typename T::SmemLayoutQ{}));
+    wgmma_gemm<true, -1, false>(mma_sdp, tV, tdO(_, _, _, st), tSrdP);
+  };
+  auto dkv_gemms = [&](int st) {  // two commit groups: dV, then dK (P / dS buffer = stage index)
+    auto thr = mma_dkv.get_thread_slice(ctid);
+    Tensor tP = thr.partition_fragment_A(make_tensor(smem(ss.p.begin()), typename T::SmemLayoutPt{}));
+    Tensor tdOt = thr.partition_fragment_B(make_tensor(smem(ss.dO.begin()), typename T::SmemLayoutQt{}));
+    wgmma_gemm<false, -1, false>(mma_dkv, tP(_, _, _, st), tdOt(_, _, _, st), tdVrdV);
+    Tensor tdS = thr.partition_fragment_A(make_tensor(smem(ss.ds.begin()), typename T::SmemLayoutPt{}));
+    Tensor tQt = thr.partition_fragment_B(make_tensor(smem(ss.q.begin()), typename T::SmemLayoutQt{}));
+    wgmma_gemm<false, -1, false>(mma_dkv, tdS(_, _, _, st), tQt(_, _, _, st), tdKrdK);
+  };
+  auto dq_gemm = [&](int st) {
+    auto thr = mma_dq.get_thread_slice(ctid);
+    Tensor tdS = thr.partition_fragment_A(make_tensor(smem(ss.ds.begin()), typename T::SmemLayoutdS{}));
+    Tensor tKt = thr.partition_fragment_B(make_tensor(smem(ss.k.begin()), typename T::SmemLayoutKt{}));
+    wgmma_gemm<true, -1, false>(mma_dq, tdS(_, _, _, st), tKt, tdQrdQ);
+  };
+
+  // Exp / mask / dS of the tile in stage (and P / dS buffer) st, (g, m, partial) = its position:
+  // S^T and dP^T waited here (kWaitS / kWaitdP = wgmma groups that may stay in flight), P^T and
+  // dS^T (bf16) stored to buffer st, published on pds_full[st].
+  auto math = [&](auto wait_s, auto wait_dp, int st, int par) {
+    int row_b, col_b, wg_b;
+    asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
+    asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
+    asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
+    const int h = hk * a.heads_per_kv + g;
+    const int q0 = m * Bm + T::kQCols * wg_b + col_b;  // query of element e = q0 + 8*(e/4) + e%2
+    const float* l2s = &ss.rs[st][0][T::kQCols * wg_b + col_b];
+    const float* dls = &ss.rs[st][1][T::kQCols * wg_b + col_b];
+
+    int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
+    bool koob[2] = {false, false};
+    if (partial) {
+      const int hm = h / a.heads_per_mask;
+      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int j = i == 0 ? key0 : key1;
+        koob[i] = j >= a.Sk;
+        if (!koob[i]) {
+          lts[i] = __ldg(bnd + j);
+          lte[i] = __ldg(bnd + a.Sk + j);
+          uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+          ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+        }
+      }
+    }
+
+    warpgroup_wait<decltype(wait_s)::value>();
+    warpgroup_fence_operand(tSrS);
+    CUTE_UNROLL
+    for (int kk = 0; kk < T::kQCols / 8; ++kk) {
+      const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int e = 4 * kk + 2 * i + j;
+          float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+          if (partial) {
+            const int q = q0 + 8 * kk + j;
+            const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+            if (masked) p = 0.f;
+          }
+          tSrS(e) = p;
+        }
+      }
+    }
+    warpgroup_wait<decltype(wait_dp)::value>();
+    warpgroup_fence_operand(tSrdP);
+    uint32_t pk[T::kQCols / 8][2], dk[T::kQCols / 8][2];  // bf16 pairs (e, e + 1)
+    CUTE_UNROLL
+    for (int kk = 0; kk < T::kQCols / 8; ++kk) {
+      const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int e = 4 * kk + 2 * i;
+        const float p0 = tSrS(e), p1 = tSrS(e + 1);
+        const float d0 = p0 * (tSrdP(e) - dd.x), d1 = p1 * (tSrdP(e + 1) - dd.y);
+        // round to nearest, as static_cast<Elem> in the d = 64 / 128 kernels
+        pk[kk][i] = (uint32_t)static_cast<Elem>(p0).raw() | ((uint32_t)static_cast<Elem>(p1).raw() << 16);
+        dk[kk][i] = (uint32_t)static_cast<Elem>(d0).raw() | ((uint32_t)static_cast<Elem>(d1).raw() << 16);
+      }
+    }
+    // buffer st was last read by the dV / dK / dQ GEMMs two tiles ago (both warpgroups)
+    pp_wait(&ss.pds_empty[st], par ^ 1);
+    // (key, query pair) = (row_b + 8i, 32*wg + 8kk + col_b): 4-byte aligned (col_b even; the
+    // swizzle permutes 16-byte chunks), one 32-bit store per pair
+    constexpr uint32_t kDsOff = (uint32_t)(cosize_v<typename T::SmemLayoutPt> * sizeof(Elem));
+    static_assert(offsetof(Storage, ds) == offsetof(Storage, p) + kDsOff, "dS^T follows P^T");
+    CUTE_UNROLL
+    for (int kk = 0; kk < T::kQCols / 8; ++kk) {
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t addr = cute::cast_smem_ptr_to_uint(
+            raw_pointer_cast(&sPt(row_b + 8 * i, T::kQCols * wg_b + 8 * kk + col_b, st)));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk[kk][i]) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr + kDsOff), "r"(dk[kk][i]) : "memory");
+      }
+    }
+    pp_fence_async_smem();
+    pp_arrive(&ss.pds_full[st]);
+  };
+
+  // After this warpgroup's GEMMs of the tile in stage st completed: bulk mode -> `consumed` (the
+  // stage's Q / dO may be overwritten by dQ once both warpgroups arrived); dq_mode 0 -> the stage
+  // goes straight back to the producer.
+  auto release_stage = [&](int st) {
+    if (a.dq_bulk) pp_arrive(&ss.consumed[st]);
+    else pp_arrive(&ss.empty[st]);
+  };
+  // dQ of the tile in stage st: bulk mode -> over the stage's Q (warpgroup 0) or dO (warpgroup 1)
+  // tile once both warpgroups are done with the stage, for the writer warp; dq_mode 0 -> float2
+  // atomics at workspace tile index `lin`. In two halves (fragment elements [0, 32) and [32, 64)),
+  // so that the S / dP GEMMs of the next tile can be issued in between: the registers of the
+  // first half are free by then.
+  auto write_dq_half = [&](auto half, int st, int par, int lin) {
+    constexpr int e0 = decltype(half)::value * 32;
+    int ctid_b;
+    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+    const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+    if (a.dq_bulk) {
+      if constexpr (e0 == 0) pp_wait(&ss.consumed[st], par);
+      float* dst = reinterpret_cast<float*>((ctid_b < 128 ? ss.q.begin() : ss.dO.begin()) +
+                                            st * T::kStageElems);
+      CUTE_UNROLL
+      for (int e = e0; e < e0 + 32; e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        *reinterpret_cast<float2*>(dst + o) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+      }
+      if constexpr (e0 == 32) {
+        pp_fence_async_smem();
+        pp_arrive(&ss.dq_full[st]);
+      }
+    } else {
+      float* dqa = a.dq_accum + (int64_t)lin * (Bm * D) + (ctid_b / 128) * T::kDqHalfFloats;
+      CUTE_UNROLL
+      for (int e = e0; e < e0 + 32; e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+      }
+    }
+  };
+  auto write_dq = [&](int st, int par, int lin) {
+    write_dq_half(Int<0>{}, st, par, lin);
+    write_dq_half(Int<1>{}, st, par, lin);
+  };
+  auto gemms_done = [&]() {
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdKrdK);
+    warpgroup_fence_operand(tdQrdQ);
+  };
+
+  if (have) {
+    pp_wait(&ss.kv_full, 0);
+    // Tile t uses Q / dO stage and P / dS buffer t % 2 with parity (t / 2) % 2.
+    int t = 0;
+    pp_wait(&ss.full[0], 0);
+    sdp_gemms(0);
+    math(Int<1>{}, Int<0>{}, 0, 0);
+    int lin = (b * a.N + hk * a.heads_per_kv + g) * a.mblk + m;  // dq_mode 0: tile t's index
+    ++m;
+    bool next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+    while (true) {
+      const int st = t & 1, par = (t >> 1) & 1;
+      const int st1 = st ^ 1, par1 = ((t + 1) >> 1) & 1;
+      pp_wait(&ss.pds_full[st], par);  // both warpgroups' P^T / dS^T of tile t stored
+      if constexpr (T::kEarlySdP) {
+        // S / dP of tile t+1 issued first, its exp / dS math under dV / dK of tile t
+        if (next) {
+          pp_wait(&ss.full[st1], par1);
+          sdp_gemms(st1);
+          dkv_gemms(st);
+          math(Int<3>{}, Int<2>{}, st1, par1);
+          dq_gemm(st);
+          warpgroup_wait<0>();
+        } else {
+          dkv_gemms(st);
+          dq_gemm(st);
+          warpgroup_wait<0>();
+        }
+        gemms_done();
+        pp_arrive(&ss.pds_empty[st]);
+        release_stage(st);
+        write_dq(st, par, lin);
+        if (!next) break;
+      } else {
+        // dQ, dV, dK of tile t, the dQ store, then S / dP of tile t+1: the stage of tile t+1 had
+        // tile t's GEMMs and dQ store to arrive (a stage is only freed once the dQ staged over it
+        // has been read by its reduce). S / dP issued before the dQ store (dQ live under them:
+        // 224 accumulator registers) made ptxas serialize every wgmma (C7512) and spill.
+        dq_gemm(st);
+        dkv_gemms(st);
+        warpgroup_wait<0>();
+        gemms_done();
+        pp_arrive(&ss.pds_empty[st]);
+        release_stage(st);
+        if (!next) {
+          write_dq(st, par, lin);
+          break;
+        }
+        write_dq_half(Int<0>{}, st, par, lin);
+        pp_wait(&ss.full[st1], par1);
+        sdp_gemms(st1);
+        write_dq_half(Int<1>{}, st, par, lin);
+        math(Int<1>{}, Int<0>{}, st1, par1);
+      }
+      lin = (b * a.N + hk * a.heads_per_kv + g) * a.mblk + m;
+      ++t;
+      ++m;
+      next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+    }
+  }
+
+  Elem* dkp = reinterpret_cast<Elem*>(a.dk);
+  Elem* dvp = reinterpret_cast<Elem*>(a.dv);
+  CUTE_UNROLL
+  for (int e = 0; e < size(tdKrdK); e += 2) {
+    const int j = n * Bn + row_base + 8 * ((e / 2) % 2);
+    const int c = T::kDCols * wg + 8 * (e / 4) + col_base;
+    if (j < a.Sk) {
+      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
+      cutlass::Array<Elem, 2> pk, pv;
+      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
+      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
+      pv[0] = static_cast<Elem>(tdVrdV(e));
+      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dkp + off) = pk;
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dvp + off) = pv;
+    }
+  }
+#endif
+}
+
+template <class T>
+cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bm = T::Bm, Bn = T::Bn;
+  if (p.d != D) {
+    if (err) *err = "flashmask sm90 backward: launch_bwd_d256 called with d != 256";
+    return cudaErrorInvalidValue;
+  }
+  const int nblk = (p.Sk + Bn - 1) / Bn;
+  const int mblk = (p.Sq + Bm - 1) / Bm;
+  const int sq_pad = mblk * Bm;
+  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * nblk ||
+      p.rowstats_capacity < 2 * (int64_t)p.B * p.N * sq_pad ||
+      p.dq_accum_capacity < (int64_t)p.B * p.N * sq_pad * D) {
+    if (err) *err = "flashmask sm90 backward: workspace too small (d = 256: metadata at 64 keys)";
+    return cudaErrorInvalidValue;
+  }
+  const int sem_words = (nblk + 31) / 32;
+  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
+                          p.dq_sem_capacity < (int64_t)p.B * p.N * mblk * sem_words)) {
+    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K > 65535 || p.B > 65535) {
+    if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
+    return cudaErrorInvalidValue;
+  }
+  if ((int64_t)p.B * p.N * mblk > INT32_MAX) {  // dq_mode 0 keeps the tile index in an int
+    if (err) *err = "flashmask sm90 backward: too many query tiles";
+    return cudaErrorInvalidValue;
+  }
+  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
+  const size_t smem = sizeof(typename T::SharedStorage);
+
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
+  if (e != cudaSuccess) return e;
+  e = bwd_prep_sm90(p, sq_pad, stream);
+  if (e != cudaSuccess) return e;
+  e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * D, stream);
+  if (e != cudaSuccess) return e;
+  if (p.deterministic) {
+    e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
+    if (e != cudaSuccess) return e;
+  }
+
+  const Elem* q = reinterpret_cast<const Elem*>(p.q);
+  const Elem* dout = reinterpret_cast<const Elem*>(p.dout);
+  const Elem* k = reinterpret_cast<const Elem*>(p.k);
+  const Elem* v = reinterpret_cast<const Elem*>(p.v);
+  auto qstride = make_stride((int64_t)p.N * D, _1{}, (int64_t)D, (int64_t)p.Sq * p.N * D);
+  auto kstride = make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D);
+  Tensor mQ = make_tensor(make_gmem_ptr(q), make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mdO = make_tensor(make_gmem_ptr(dout), make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mK = make_tensor(make_gmem_ptr(k), make_shape(p.Sk, D, p.K, p.B), kstride);
+  Tensor mV = make_tensor(make_gmem_ptr(v), make_shape(p.Sk, D, p.K, p.B), kstride);
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
+                             Shape<Int<Bm>, Int<D>>{}, _1{});
+  auto tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}),
+                              Shape<Int<Bm>, Int<D>>{}, _1{});
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{},
+                             Shape<Int<Bn>, Int<D>>{}, _1{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{},
+                             Shape<Int<Bn>, Int<D>>{}, _1{});
+
+  BwdArgs a;
+  a.bounds = p.bounds;
+  a.meta = p.meta;
+  a.lse2 = p.rowstats;
+  a.delta = p.rowstats + (int64_t)p.B * p.N * sq_pad;
+  a.dq_accum = p.dq_accum;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.B = p.B; a.Sq = p.Sq; a.Sk = p.Sk; a.N = p.N; a.K = p.K; a.Hm = p.Hm;
+  a.nblk = nblk; a.mblk = mblk; a.sq_pad = sq_pad;
+  a.heads_per_kv = p.N / p.K;
+  a.heads_per_mask = p.N / p.Hm;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
+  a.deterministic = p.deterministic ? 1 : 0;
+  a.dq_sem = p.dq_sem;
+  a.sem_words = sem_words;
+  a.sched = nullptr;
+  a.items_total = 0;
+  a.sec_heads = 1;
+
+  auto kernel = &flashmask_bwd_d256_kernel<T, decltype(tma_q), decltype(tma_k)>;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  dim3 grid(nblk, p.K, p.B);
+  kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return bwd_convert_dq_sm90(p, sq_pad, stream);
+}
+
+// Every variant number runs the d = 256 kernel; variant 4 its EarlySdP form (see BwdD256Traits).
+template <class Elem>
+cudaError_t launch_bwd_d256(const BwdParams& p, cudaStream_t stream, const char** err) {
+  if (p.variant == 4) return launch_bwd_d256_impl<BwdD256Traits<Elem, true>>(p, stream, err);
+  return launch_bwd_d256_impl<BwdD256Traits<Elem, false>>(p, stream, err);
+}
+
+}  // namespace jfm::sm90
