@@ -69,20 +69,10 @@ def scheduling_group(group):
     return set_xla_metadata(_scheduling_group_id=str(group))
 
 
-def _vma(x) -> set:
-    try:
-        t = jax.typeof(x)
-    except AttributeError:  # pragma: no cover
-        return set()
-    return set(getattr(t, "vma", None) or ())
-
-
 def _match(x, *refs):
-    want = set()
-    for r in refs:
-        want |= _vma(r)
-    missing = tuple(sorted(want - _vma(x), key=str))
-    return lax.pcast(x, missing, to="varying") if missing else x
+    from .attention import _match_vma  # the shared helper (vma across jax versions)
+
+    return _match_vma(x, *refs)
 
 
 def _kernels(cfg: PieceConfig, margin: int):
