@@ -125,6 +125,14 @@ def main():
     ap.add_argument("--implementation", default="cuda")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="SMs the Hopper kernels leave free on every rank (for NCCL's kernels)")
+    ap.add_argument("--overlap-margin", default=None,
+                    help="ring-pruned only: sm_margin of the pieces that overlap a transfer, FWD[,BWD] "
+                         "(e.g. 8,0 = forward only); the last piece keeps --sm-margin")
+    ap.add_argument("--schedule-hints", action="store_true",
+                    help="ring-pruned only: XLA scheduling groups pin each transfer around the kernel it "
+                         "should overlap (context_parallel_attention(schedule_hints=True))")
+    ap.add_argument("--autodiff-merge", action="store_true",
+                    help="ring-pruned only: differentiate the lse merge (piece_vjp=False, the old path)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit-s", type=float, default=0, help="stop starting new cases after this")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -142,6 +150,8 @@ def main():
     H, K, D = a.heads, a.kv_heads, a.head_dim
     env = dict(devices=f"{P} x {dev0.device_kind}", jax=jax.__version__, H=H, K=K, d=D, dtype=a.dtype,
                chunks_per_rank=m, implementation=a.implementation, sm_margin=a.sm_margin,
+               overlap_margin=a.overlap_margin, schedule_hints=a.schedule_hints,
+               piece_vjp=not a.autodiff_merge,
                xla_flags=os.environ.get("XLA_FLAGS", ""), nccl_nvls=os.environ.get("NCCL_NVLS_ENABLE"))
     print("env:", env, flush=True)
     rows = []
@@ -155,6 +165,12 @@ def main():
 
     shard = NamedSharding(mesh, PS(None, "cp"))
     cp_kwargs = {"sm_margin": a.sm_margin} if a.sm_margin else None
+    om = None
+    if a.overlap_margin:
+        om = tuple(int(x) for x in a.overlap_margin.split(","))
+        om = om[0] if len(om) == 1 else om
+    pruned_kwargs = dict(overlap_sm_margin=om, schedule_hints=a.schedule_hints,
+                         piece_vjp=not a.autodiff_merge)
     for L in [int(x) for x in a.tokens_per_device.split(",")]:
         S = P * L
         kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(a.seed), 4)
@@ -212,11 +228,14 @@ def main():
                     vol = cp.comm_volume(sched) if sched is not None else cp.allgather_volume(P, m)
 
                     def make(attention_fn=None, base=base, sched=sched):
+                        # the comm-alone probe's stand-in attention goes through the autodiff merge
+                        extra = pruned_kwargs if sched is not None and attention_fn is None else {}
+
                         def fwd(q, k, v, ind, pl):
                             return cp.context_parallel_attention(
                                 q, k, v, ind, plan=pl, mesh=mesh, axis_name="cp", causal=mk.causal,
                                 comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn,
-                                attention_kwargs=cp_kwargs)
+                                attention_kwargs=cp_kwargs, **extra)
 
                         def loss(q, k, v, ind, pl, g):
                             return jnp.sum(fwd(q, k, v, ind, pl).astype(jnp.float32) * g.astype(jnp.float32))
@@ -243,16 +262,20 @@ def main():
                         if not a.no_probes:
                             with collectives_off():
                                 fc, bc = make()
-                                row["fwd_compute_ms"] = 1e3 * timeit(fc, qp, kp, vp, ind_r, plan_j, iters=a.iters)
-                                if not a.no_bwd:
-                                    row["fwdbwd_compute_ms"] = 1e3 * timeit(bc, qp, kp, vp, ind_r, plan_j, gp,
-                                                                            iters=a.iters)
+                                try:  # scheduling groups without their collectives may not legalize
+                                    row["fwd_compute_ms"] = 1e3 * timeit(fc, qp, kp, vp, ind_r, plan_j,
+                                                                         iters=a.iters)
+                                    if not a.no_bwd:
+                                        row["fwdbwd_compute_ms"] = 1e3 * timeit(bc, qp, kp, vp, ind_r, plan_j, gp,
+                                                                                iters=a.iters)
+                                except Exception as e:
+                                    row["compute_probe_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                             fm, bm = make(attention_fn=attention_off)
                             row["fwd_comm_ms"] = 1e3 * timeit(fm, qp, kp, vp, ind_r, plan_j, iters=a.iters)
                             if not a.no_bwd:
                                 row["fwdbwd_comm_ms"] = 1e3 * timeit(bm, qp, kp, vp, ind_r, plan_j, gp, iters=a.iters)
                             for ph in ("fwd", "fwdbwd"):
-                                if f"{ph}_comm_ms" in row:
+                                if f"{ph}_comm_ms" in row and f"{ph}_compute_ms" in row:
                                     tt, tc, tm = row[f"{ph}_ms"], row[f"{ph}_compute_ms"], row[f"{ph}_comm_ms"]
                                     row[f"{ph}_hidden"] = min(1.0, max(0.0, (tm + tc - tt) / tm)) if tm > 0 else 1.0
                                     row[f"{ph}_overhead"] = tt / tc - 1
@@ -279,7 +302,8 @@ def render(env, rows):
     out = [f"# Context-parallel attention, {env['devices']}",
            "",
            f"B = 1, H = {env['H']}, K = {env['K']}, d = {env['d']}, {env['dtype']}, {env['chunks_per_rank']} chunks "
-           f"per rank, sm_margin {env.get('sm_margin', 0)}, jax {env['jax']}, XLA_FLAGS='{env['xla_flags']}', "
+           f"per rank, sm_margin {env.get('sm_margin', 0)}, overlap margin {env.get('overlap_margin')}, "
+           f"schedule hints {env.get('schedule_hints', False)}, piece VJP {env.get('piece_vjp', False)}, jax {env['jax']}, XLA_FLAGS='{env['xla_flags']}', "
            f"NCCL_NVLS_ENABLE={env['nccl_nvls']}. "
            "TFLOP/s per GPU (FlashMask convention, x3.5 for fwd+bwd). speedup = one-GPU time / this time. "
            "hidden = (t_comm + t_compute − t_total) / t_comm. err = max|Δ| / max|ref| against one GPU.",

@@ -398,7 +398,83 @@ def group_api():
     log("ring with scan_unroll=True ok")
 
 
-GROUPS = {"host": group_host, "cp2": lambda: group_cp(2), "cp4": lambda: group_cp(4),
+def group_pieces():
+    """The scheduled ring's custom-VJP piece merge (`context_parallel.pieces`): exact against one
+    device (out, lse and grads through both), old autodiff merge, per-piece SM margins, scheduling
+    hints (attributes present in the lowered program), P = 2 with m = 2 and 4, a user shard_map."""
+    P = 2
+    mesh = Mesh(np.array(jax.devices()[:P]), ("cp",))
+    q, k, v, co, cl = inputs(4)
+    for impl in ("reference", "xla"):
+        def ref_fn(q, k, v, ind, co, cl, impl=impl):
+            o, lse = jf.attention(q, k, v, ind, return_residual=True, implementation=impl)
+            return loss_terms(o, lse, co, cl), (o, lse)
+
+        ref = jax.jit(jax.value_and_grad(ref_fn, argnums=(0, 1, 2), has_aux=True))
+        for name, m in (("causal_document", 2), ("causal_document", 4), ("document", 4), ("share_question", 4)):
+            ind = single_mask(name)
+            r = block(ref(q, k, v, jnp.asarray(ind), co, cl))
+            w = cp.chunk_workloads(ind, P * m, tile_q=16, tile_k=16)
+            plan = cp.balanced_plan(w, P).plan
+            sch = cp.make_schedule(P, m, "ring", plan=plan, needed=cp.needed_chunks(ind, plan))
+            for kw in (dict(), dict(piece_vjp=False), dict(overlap_sm_margin=(8, 0)),
+                       dict(overlap_sm_margin=4, schedule_hints=True), dict(skip_masked=False)):
+                def fwd(q, k, v, ind, plan, co, cl, kw=kw):
+                    qp, kp, vp = (cp.permute_tokens(x, plan) for x in (q, k, v))
+                    o, lse = cp.context_parallel_attention(
+                        qp, kp, vp, ind, plan=plan, mesh=mesh, axis_name="cp", comm="ring",
+                        schedule=sch, return_residual=True, implementation=impl, **kw)
+                    o, lse = cp.unpermute_tokens(o, plan), cp.unpermute_tokens(lse, plan)
+                    return loss_terms(o, lse, co, cl), (o, lse)
+
+                f = jax.jit(jax.value_and_grad(fwd, argnums=(0, 1, 2), has_aux=True))
+                args = (q, k, v, jnp.asarray(ind), jnp.asarray(plan), co, cl)
+                compare(f"pieces {impl} {name} m={m} {kw}", block(f(*args)), r)
+                if kw.get("schedule_hints"):
+                    txt = f.lower(*args).as_text()
+                    cps = [x for x in txt.splitlines() if "collective_permute" in x]
+                    assert cps and all("_scheduling_group_id" in x for x in cps), \
+                        "schedule_hints: a collective_permute without a scheduling group"
+                    ids = set()
+                    for x in txt.splitlines():
+                        if "_scheduling_group_id" in x:
+                            ids.add(x.split('_scheduling_group_id = "')[1].split('"')[0])
+                    assert ids == {"1", "2"}, f"schedule_hints: groups {ids} (want fwd 1, bwd 2)"
+        log(f"pieces {impl}: 4 masks x 5 variants exact")
+    # argument checks
+    try:
+        cp.context_parallel_attention(q, k, v, None, plan=cp.dual_chunk_plan(P), mesh=mesh,
+                                      comm="ring", overlap_sm_margin=8, implementation="reference")
+        raise AssertionError("overlap_sm_margin without a schedule must raise")
+    except ValueError:
+        pass
+    # the scheduled path inside the user's own shard_map (check_vma=True), forward and grads
+    ind = single_mask("causal_document")
+    plan = cp.balanced_plan(cp.chunk_workloads(ind, 4, tile_q=16, tile_k=16), P).plan
+    sch = cp.make_schedule(P, 2, "ring", plan=plan, needed=cp.needed_chunks(ind, plan))
+    r = block(reference_fn()(q, k, v, jnp.asarray(ind), co, cl))
+
+    def body(q, k, v, ind, plan):
+        return cp.context_parallel_attention(q, k, v, ind, plan=plan, axis_name="cp", comm="ring",
+                                             schedule=sch, return_residual=True, implementation=IMPL,
+                                             overlap_sm_margin=(8, 0))
+
+    sm = cp.shard_map(body, mesh=mesh, in_specs=(PS(None, "cp"),) * 3 + (PS(), PS()),
+                      out_specs=(PS(None, "cp"), PS(None, "cp")))
+
+    def fwd(q, k, v, ind, plan, co, cl):
+        qp, kp, vp = (cp.permute_tokens(x, plan) for x in (q, k, v))
+        o, lse = sm(qp, kp, vp, ind, plan)
+        o, lse = cp.unpermute_tokens(o, plan), cp.unpermute_tokens(lse, plan)
+        return loss_terms(o, lse, co, cl), (o, lse)
+
+    got = block(jax.jit(jax.value_and_grad(fwd, argnums=(0, 1, 2), has_aux=True))(
+        q, k, v, jnp.asarray(ind), jnp.asarray(plan), co, cl))
+    compare("pieces inside a user shard_map (check_vma=True)", got, r)
+    log("pieces inside a user shard_map ok")
+
+
+GROUPS = {"pieces": group_pieces, "host": group_host, "cp2": lambda: group_cp(2), "cp4": lambda: group_cp(4),
           "cp8": lambda: group_cp(8), "hier": group_hier, "api": group_api}
 
 if __name__ == "__main__":

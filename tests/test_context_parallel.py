@@ -15,6 +15,9 @@ Groups:
         ring (scan), plus mask-pruned static schedules (ring and allgather)
   hier  a 2x4 (node, local) mesh: hierarchical comm for the twelve masks, allgather over both
         axes, a pruned hierarchical schedule
+  pieces the scheduled ring's custom-VJP piece merge: exact vs one device (reference and xla
+        kernels, m = 2 and 4), the autodiff merge, per-piece SM margins, scheduling hints,
+        inside a user shard_map
   api   a raw causal FlashMask, mask=None, and a call inside the user's own shard_map
         (check_vma=True)
 """
@@ -70,3 +73,7 @@ def test_hierarchical_2x4():
 
 def test_api_modes():
     _run("api")
+
+
+def test_scheduled_pieces_custom_vjp():
+    _run("pieces")

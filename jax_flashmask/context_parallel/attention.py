@@ -155,6 +155,7 @@ def local_context_parallel_attention(
     schedule: Schedule | None = None, nodes: int | None = None, scale=None,
     return_residual: bool = False, implementation=None, skip_masked: bool = True,
     attention_fn=None, attention_kwargs=None, scan_unroll: int | bool = 1,
+    overlap_sm_margin=None, schedule_hints: bool = False, piece_vjp: bool = True,
 ):
     """Per-rank body: call inside ``shard_map`` (or use `context_parallel_attention` with `mesh`).
 
@@ -194,6 +195,24 @@ def local_context_parallel_attention(
         bounds = canonical_bounds(ind, causal=causal, q_len=s)
     loc = localize_rows(bounds, my_chunks, c)  # [B, Hm, 4, S]: rows localized, columns global
     kw = dict(scale=scale, implementation=implementation, skip_masked=skip_masked, extra=extra)
+    if (overlap_sm_margin is not None or schedule_hints) and (
+            schedule is None or comm not in ("ring", "hierarchical")):
+        raise ValueError("overlap_sm_margin / schedule_hints apply to comm='ring'|'hierarchical' "
+                         "with a schedule (make_schedule)")
+    fused = None
+    if piece_vjp and attention_fn is None and set(extra) <= {"sm_margin", "deterministic"}:
+        import importlib
+
+        attention_mod = importlib.import_module("jax_flashmask.attention")
+
+        fused = dict(implementation=attention_mod._choose(implementation, query), scale=scale,
+                     head_dim=d, deterministic=bool(extra.get("deterministic", False)),
+                     base_margin=int(extra.get("sm_margin", 0)), overlap_margin=overlap_sm_margin,
+                     hints=bool(schedule_hints))
+    elif overlap_sm_margin is not None or schedule_hints:
+        raise ValueError("overlap_sm_margin / schedule_hints need the library's own attention "
+                         "(attention_fn=None, attention_kwargs within {sm_margin, deterministic}, "
+                         "piece_vjp=True)")
 
     if comm == "allgather" and schedule is not None:
         if schedule.P != P or schedule.m != m:
@@ -213,7 +232,8 @@ def local_context_parallel_attention(
         if schedule is not None:
             if schedule.P != P or schedule.m != m:
                 raise ValueError(f"schedule is for P={schedule.P}, m={schedule.m}; got P={P}, m={m}")
-            o, lse = _scheduled(attn, query, key, value, loc, plan, my, c, axis, schedule, kw)
+            o, lse = _scheduled(attn, query, key, value, loc, plan, my, c, axis, schedule, kw,
+                                fused=fused)
         elif comm == "ring":
             o, lse = _ring_scan(attn, query, key, value, loc, plan, my, c, axis, P, kw, scan_unroll)
         else:
@@ -281,24 +301,43 @@ def _empty_acc(q, v, *refs):
             _match_vma(jnp.full((b, lq, n), -jnp.inf, jnp.float32), q, v, *refs))
 
 
-def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, single_call=False):
+def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, single_call=False,
+               fused=None):
     """Unrolled direct sends of a static `Schedule` (one ppermute per chunk slot and round).
 
-    ``single_call=False``: one attention call per piece, merged with the lse rule; the next piece's
-    transfers are issued before the current piece's compute. ``single_call=True``: the pieces are
-    concatenated and attended in one call (a pruned all-gather: fewer, larger kernels, no overlap).
+    ``single_call=False``: one attention call per piece (piece 0 = the rank's own K/V, then one per
+    round of received chunks); the transfers of piece i+1 are issued before piece i's compute. With
+    ``fused`` (the library's own kernels) the pieces and their merge form one custom VJP
+    (`pieces.piece_attention`: every piece's backward runs on the final out/lse, no merge pass in
+    the backward, per-piece SM margins and optional XLA scheduling groups); otherwise the pieces are
+    merged with the autodiff lse rule. ``single_call=True``: the pieces are concatenated and
+    attended in one call (a pruned all-gather: fewer, larger kernels, no overlap).
     """
+    from . import pieces as pieces_mod
+
     b, lq, _, _ = q.shape
     m = sched.m
-    kv = jnp.stack([k, v]).reshape((2, b, m, c) + k.shape[2:])  # [2, B, m, C, K, d]
+    kv_local = jnp.stack([k, v])  # [2, B, m*C, K, d]
+    kv = kv_local.reshape((2, b, m, c) + k.shape[2:])  # [2, B, m, C, K, d]
     slot = lambda i: kv[:, :, i]  # noqa: E731
     bufs = {}
+    hints = bool(fused and fused["hints"]) and sched.kind == "ring" and not single_call
+    consumer = {}  # transfer id -> index of the piece that consumes it (ring: exactly one)
+    for pi, piece in enumerate(sched.pieces):
+        for tid in piece.slots:
+            if tid >= 0:
+                consumer.setdefault(tid, pi)
+    group = lambda pi: (str(2 * pi - 1), str(2 * pi))  # noqa: E731  (fwd, bwd) ids of piece pi-1's overlap
 
     def get(tid):
         if tid not in bufs:
             t = sched.transfers[tid]
             payload = slot(t.slot) if t.via == -1 else get(t.via)
-            bufs[tid] = lax.ppermute(payload, axis, perm=list(t.pairs))
+            if hints:
+                fg, bg = group(consumer[tid])
+                bufs[tid] = pieces_mod.hinted_ppermute(payload, axis, tuple(t.pairs), fg, bg)
+            else:
+                bufs[tid] = lax.ppermute(payload, axis, perm=list(t.pairs))
         return bufs[tid]
 
     def issue(piece):
@@ -306,33 +345,46 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
             if tid >= 0:
                 get(tid)
 
-    acc = None
-    collected = []
     pieces = sched.pieces
     zeros = jnp.zeros_like(slot(0))
+    kvs, lbs = [], []
     for i, piece in enumerate(pieces):
         # issue the next piece's transfers before this piece's compute (overlap)
         issue(piece)
         if i + 1 < len(pieces):
             issue(pieces[i + 1])
-        parts = [slot(bi) if tid == -1 else (get(tid) if tid >= 0 else zeros)
-                 for bi, tid in enumerate(piece.slots)]
-        kvp = jnp.concatenate(parts, axis=2)  # [2, B, m*C, K, d]
+        if all(tid == -1 for tid in piece.slots):
+            kvp = kv_local  # the rank's own K/V: no copy
+        else:
+            parts = [slot(bi) if tid == -1 else (get(tid) if tid >= 0 else zeros)
+                     for bi, tid in enumerate(piece.slots)]
+            kvp = jnp.concatenate(parts, axis=2)  # [2, B, m*C, K, d]
         src = jnp.asarray(piece.source, jnp.int32)[my]
         cols = chunk_token_index(plan[src], c)
         lb = jnp.take(loc, cols, axis=-1)
         if not all(all(r) for r in piece.received):
             rec = jnp.asarray(piece.received, bool)[my]  # [m]
             lb = masked_bounds(lb, jnp.repeat(~rec, c), lq)
-        if single_call:
-            collected.append((kvp, lb))
-            continue
+        kvs.append(kvp)
+        lbs.append(lb)
+    if single_call:
+        kvp = jnp.concatenate(kvs, axis=2)
+        lb = jnp.concatenate(lbs, axis=-1)
+        return _piece_attention(attn, q, kvp[0], kvp[1], lb, **kw)
+    if fused is not None:
+        n = len(kvs)
+        cfg = pieces_mod.make_config(
+            n, implementation=fused["implementation"], scale=fused["scale"],
+            head_dim=fused["head_dim"], deterministic=fused["deterministic"],
+            base_margin=fused["base_margin"], overlap_margin=fused["overlap_margin"],
+            # the local piece (own rows x own keys) is never fully masked in practice: no cond
+            skip=[kw["skip_masked"] and i > 0 for i in range(n)],
+            groups=[group(i + 1) for i in range(n - 1)] if hints else None)
+        return pieces_mod.piece_attention(q, kvs, lbs, cfg)  # out already in q.dtype
+    acc = None
+    for kvp, lb in zip(kvs, lbs):
         new = _piece_attention(attn, q, kvp[0], kvp[1], lb, **kw)
         acc = new if acc is None else _merge(acc, new)
-    if single_call:
-        kvp = jnp.concatenate([x for x, _ in collected], axis=2)
-        lb = jnp.concatenate([y for _, y in collected], axis=-1)
-        acc = _piece_attention(attn, q, kvp[0], kvp[1], lb, **kw)
     return acc
 
 
@@ -341,7 +393,8 @@ def context_parallel_attention(
     comm: str = "allgather", schedule: Schedule | None = None, nodes: int | None = None,
     batch_axis=None, scale=None, return_residual: bool = False, implementation=None,
     skip_masked: bool = True, attention_fn=None, attention_kwargs=None,
-    scan_unroll: int | bool = 1,
+    scan_unroll: int | bool = 1, overlap_sm_margin=None, schedule_hints: bool = False,
+    piece_vjp: bool = True,
 ):
     """Context-parallel `jax_flashmask.attention`.
 
@@ -371,6 +424,17 @@ def context_parallel_attention(
         return_residual=True, ...)`` with localized non-causal D=4 indices.
       scan_unroll: ``unroll`` of the relay-ring scans (``True`` = straight-line code, which can help
         XLA's latency-hiding scheduler overlap the ppermutes with the attention).
+      overlap_sm_margin: scheduled ring/hierarchical with the library's kernels only: the
+        ``sm_margin`` of the pieces that run while a transfer is in flight (every piece but the
+        last: at P = 2 the local piece), as an int (forward and backward) or ``(fwd, bwd)``; the
+        last piece keeps ``attention_kwargs["sm_margin"]`` (default 0). ``(8, 0)``: forward only.
+      schedule_hints: scheduled ring only: put XLA scheduling-group ids
+        (``_scheduling_group_id``) on each piece's kernels and on the transfers that should
+        overlap them (forward: the next piece's K/V; backward: the next piece's dK/dV), so the
+        latency-hiding scheduler issues each transfer before that kernel and waits after it.
+      piece_vjp: scheduled ring/hierarchical with the library's kernels: merge the pieces inside
+        one custom VJP whose backward runs every piece on the final out/lse (`pieces`); False
+        differentiates the lse merge instead (the pre-2026-12 path; for comparisons).
     Returns:
       out ``[B, S, N, d]`` (permuted layout; local shard with ``mesh=None``) and, with
       `return_residual`, lse float32 ``[B, S, N]`` (-inf on fully masked rows).
@@ -380,6 +444,7 @@ def context_parallel_attention(
         schedule=schedule, nodes=nodes, scale=scale, return_residual=True,
         implementation=implementation, skip_masked=skip_masked, attention_fn=attention_fn,
         attention_kwargs=attention_kwargs, scan_unroll=scan_unroll,
+        overlap_sm_margin=overlap_sm_margin, schedule_hints=schedule_hints, piece_vjp=piece_vjp,
     )
     if isinstance(mask, FlashMask):
         causal, mask = mask.causal, mask.startend_row_indices
