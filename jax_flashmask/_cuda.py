@@ -48,6 +48,15 @@ DEFAULT_VARIANT = 3
 TESTED_VARIANTS = (2, 3, 4, 6, 7)  # run on every case of tests/gpu/test_cuda_forward.py
                                    # (variant 7 where supported: d=128)
 
+# Variant 8 (d = 64, 128; bf16, fp16): variant 3 with 4 of every 16 softmax exponentials computed
+# on the FMA pipe (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error
+# 8.6e-5) instead of MUFU ex2, to unload the MUFU pipe at d = 64 (benchmarks/NOTES.md, "Variant 8").
+# Built and checked on the CPU only so far (2026-11-30): not yet run on a GPU.
+EXP_SPLIT_VARIANT = 8
+EXP_SPLIT_HEAD_DIMS = (64, 128)
+VARIANTS += (EXP_SPLIT_VARIANT,)
+TESTED_VARIANTS += (EXP_SPLIT_VARIANT,)
+
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -144,6 +153,8 @@ def _check_problem(q, k, v, bounds):
 def variant_supported(variant: int, dtype, head_dim: int) -> bool:
     """Whether forward kernel `variant` is compiled for (dtype, head_dim) (dtype bf16/fp16)."""
     variant, head_dim = int(variant), int(head_dim)
+    if variant == EXP_SPLIT_VARIANT:
+        return head_dim in EXP_SPLIT_HEAD_DIMS
     if variant not in VARIANTS:
         return False
     if variant == 1:
@@ -177,6 +188,9 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
         raise NotImplementedError("kernel variant 7 (key block 176) is compiled for d=128 only")
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
+    if variant == EXP_SPLIT_VARIANT and d not in EXP_SPLIT_HEAD_DIMS:
+        raise NotImplementedError(
+            f"kernel variant {variant} (exp2 split) is compiled for d in {EXP_SPLIT_HEAD_DIMS} only")
     nblk = -(-Sk // _META_BLOCK)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
