@@ -48,7 +48,7 @@ DEFAULT_VARIANT = 3
 TESTED_VARIANTS = (2, 3, 4, 6, 7)  # run on every case of tests/gpu/test_cuda_forward.py
                                    # (variant 7 where supported: d=128)
 
-# Variant 8 (d = 64, 128; bf16, fp16): variant 3 with 4 of every 16 softmax exponentials computed
+# Variant 8 (d = 64, 128; bf16, fp16): variant 3 with 3 of every 16 softmax exponentials computed
 # on the FMA pipe (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error
 # 8.6e-5) instead of MUFU ex2, to unload the MUFU pipe at d = 64 (benchmarks/NOTES.md, "Variant 8").
 # Built and checked on the CPU only so far (2026-11-30): not yet run on a GPU.

@@ -20,9 +20,9 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   if (p.variant == 8) {
-    // Variant 3's kernel (persistent grid, bounds staged in smem) with 4 of every 16 softmax
-    // exponentials on the FMA pipe (exp2_fma.h) instead of MUFU; d = 64, 128 (inst/*_ex4.cu).
-    constexpr int kExpSplit = 4;
+    // Variant 3's kernel (persistent grid, bounds staged in smem) with 3 of every 16 softmax
+    // exponentials on the FMA pipe (exp2_fma.h) instead of MUFU; d = 64, 128 (inst/*_ex3.cu).
+    constexpr int kExpSplit = 3;
     FwdParams p3 = p;
     p3.variant = 3;  // the launcher's grid / bounds path of variant 3
     const bool bf16_8 = p.dtype == DType::kBF16;
