@@ -4,7 +4,7 @@
 // benchmarks/exp2_fma_check.cu can sweep it on the CPU with the same arithmetic.
 //
 // Domain: the softmax arguments x = s*scale*log2(e) - m*scale*log2(e) <= ~0, and -inf for masked
-// scores. Method (8 instructions: FMNMX, FADD.RM, 2 FADD, 3 FFMA, 1 integer shift-add):
+// scores. Method (8 SASS instructions: FMNMX, FADD.RM, 2 FADD, 3 FFMA, 1 IMAD for the shift-add):
 //   x <- max(x, -127)                      -inf and large negative arguments -> -127
 //   t  = RD(x + 1.5*2^23)                  = 1.5*2^23 + floor(x) exactly: every float in
 //                                            [2^23, 2^24) is an integer, so rounding down is floor;
