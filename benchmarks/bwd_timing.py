@@ -5,7 +5,7 @@ custom call alone (forward outputs precomputed). cuDNN: jax.vjp of dot_product_a
 fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward FlashMask convention
 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
-       [--variants 1 2] [--det 0 1] (kernel variants; default and deterministic mode)
+       [--variants 5 6] [--det 0 1] (kernel variants; default and deterministic mode)
        [--sm-margin 0 8] (SMs left free; variant 6 only, the others ignore it and run once)
        [--d 256 --heads 16] [--portable] (head dim; also time the portable XLA backward)
 Validation in the same run: every configuration of a (S, mask) is compared with the first one
@@ -59,8 +59,7 @@ def small_cases(variants=None):
         b = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
         vs = variants or getattr(_cuda, "BWD_VARIANTS", (1,))
-        # d=256: one kernel for every variant number but 4 (its EarlySdP form)
-        for variant in (sorted(set(vs[:1]) | ({4} & set(vs))) if d == 256 else vs):
+        for variant in (vs[:1] if d == 256 else vs):  # d=256: one kernel for every variant
             for mode, det in ((1, False), (0, False), (1, True)):
                 # variant 6 also with 4 CTAs (sm_margin): several items per CTA, both slots
                 for margin in ((0, 128) if variant == 6 else (0,)):

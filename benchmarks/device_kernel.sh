@@ -55,7 +55,7 @@ m = s.max(-1, keepdims=True); p = np.exp(s - m); ls = p.sum(-1, keepdims=True)
 ro = np.einsum("bhqk,bkhd->bqhd", p / ls, vf); rl = (m + np.log(ls))[..., 0].transpose(0, 2, 1)
 print(f"smoke variant={var}: max|dO|={np.abs(o - ro).max():.3e} max|dLSE|={np.abs(l - rl).max():.3e} nan={np.isnan(o).any()}")
 PY
-  for var in ${JFM_SMOKE_VARIANTS:-2 3 1 6}; do timeout 60 $PY /tmp/jfm_smoke.py $var 2>&1 | tail -3 | tee -a /tmp/jfm_smoke.log; done
+  for var in ${JFM_SMOKE_VARIANTS:-2 3 6}; do timeout 60 $PY /tmp/jfm_smoke.py $var 2>&1 | tail -3 | tee -a /tmp/jfm_smoke.log; done
   if [ "$STAGE" = all ] && ! grep -q "smoke variant=2" /tmp/jfm_smoke.log; then echo "smoke failed; stopping"; exit 1; fi
 fi
 

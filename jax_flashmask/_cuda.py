@@ -26,8 +26,8 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadata workspace
 
-# Compiled forward kernel variants (cc/sm90/fwd_dispatch.cu; history in benchmarks/NOTES.md):
-#   1: producer warp + 1 consumer warpgroup (64-row tiles), no overlap; bf16 d=128 only (baseline);
+# Compiled forward kernel variants (cc/sm90/fwd_dispatch.cu; 2-6 are one kernel chosen at run
+# time, 8 has its own instantiations; history in benchmarks/NOTES.md):
 #   2: producer warp + 2 consumer warpgroups (128-row tiles), FA3-style softmax/GEMM overlap inside a
 #      warpgroup and GEMM ping-pong between the two; one CTA per query tile;
 #   3: variant 2's kernel on a persistent grid (one CTA per SM) taking tiles from a global atomic
@@ -37,25 +37,23 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
 #      issued before the current tile's last PV GEMM is waited for, and the current tile's
 #      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks);
-#   7: variant 3 with key blocks of 176 instead of 128 (one Q buffer, setmaxnreg 24/240); d=128
-#      only (bf16, fp16) (run B: +0.4 % on full 8K, -2..-22 % elsewhere).
-# The persistent variants (3, 5, 6, 7) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+#   8: variant 3 with 3 of every 16 softmax exponentials computed on the FMA pipe
+#      (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error 8.6e-5) instead of
+#      MUFU ex2, to unload the MUFU pipe at d = 64; d = 64 and 128 only, its own instantiations
+#      (benchmarks/NOTES.md, "Variant 8"; built and checked on the CPU only so far, not yet run on
+#      a GPU).
+# Measured and removed: 1 (one consumer warpgroup), 7 (key blocks of 176: run B +0.4 % on full 8K,
+# -2..-22 % elsewhere).
+# The persistent variants (3, 5, 6, 8) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
-VARIANTS = (1, 2, 3, 4, 5, 6, 7)
-DEFAULT_VARIANT = 3
-TESTED_VARIANTS = (2, 3, 4, 6, 7)  # run on every case of tests/gpu/test_cuda_forward.py
-                                   # (variant 7 where supported: d=128)
-
-# Variant 8 (d = 64, 128; bf16, fp16): variant 3 with 3 of every 16 softmax exponentials computed
-# on the FMA pipe (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error
-# 8.6e-5) instead of MUFU ex2, to unload the MUFU pipe at d = 64 (benchmarks/NOTES.md, "Variant 8").
-# Built and checked on the CPU only so far (2026-11-30): not yet run on a GPU.
 EXP_SPLIT_VARIANT = 8
-EXP_SPLIT_HEAD_DIMS = (64, 128)
-VARIANTS += (EXP_SPLIT_VARIANT,)
-TESTED_VARIANTS += (EXP_SPLIT_VARIANT,)
+EXP_SPLIT_HEAD_DIMS = (64, 128)  # head dims variant 8 is compiled for
+VARIANTS = (2, 3, 4, 5, 6, EXP_SPLIT_VARIANT)
+DEFAULT_VARIANT = 3
+TESTED_VARIANTS = (2, 3, 4, 6, EXP_SPLIT_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
+                                                   # (variant 8 where supported: d = 64, 128)
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -157,10 +155,6 @@ def variant_supported(variant: int, dtype, head_dim: int) -> bool:
         return head_dim in EXP_SPLIT_HEAD_DIMS
     if variant not in VARIANTS:
         return False
-    if variant == 1:
-        return jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) and head_dim == 128
-    if variant == 7:
-        return head_dim == 128
     return head_dim in SUPPORTED_HEAD_DIMS
 
 
@@ -171,9 +165,9 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 8; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
-    max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (1, 2, 4).
+    max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
     mod, reason = _load()
     if mod is None:
@@ -182,10 +176,6 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     if variant not in VARIANTS:
         raise ValueError(f"unknown kernel variant {variant}; compiled: {VARIANTS}")
     sm_margin = _check_sm_margin(sm_margin)
-    if variant == 1 and (q.dtype != jnp.bfloat16 or q.shape[-1] != 128):
-        raise NotImplementedError("kernel variant 1 is compiled for bfloat16, d=128 only")
-    if variant == 7 and q.shape[-1] != 128:
-        raise NotImplementedError("kernel variant 7 (key block 176) is compiled for d=128 only")
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
     if variant == EXP_SPLIT_VARIANT and d not in EXP_SPLIT_HEAD_DIMS:
@@ -243,38 +233,29 @@ def check_supported_backward(q_shape, q_dtype, head_dim) -> None:
 BWD_DQ_MODES = (0, 1)
 DEFAULT_BWD_DQ_MODE = 1
 # Backward kernel variants (cc/sm90/bwd_kernel.cuh; history in benchmarks/NOTES.md "Backward"):
-#   1: two consumer warpgroups, thread 0 issues the loads and the dQ reduce, two block-wide
-#      barriers per tile;
-#   2: warp specialized: a producer warpgroup (TMA warp, dQ-writer warp; setmaxnreg 24) and the
-#      two consumer warpgroups (240), mbarrier hand-offs, double-buffered dS and dQ tiles, one
-#      named barrier per tile between the consumers;
-#   3: variant 2 with the consumer warpgroups out of lock-step (ping-pong): each tile's dQ GEMM
-#      issued two tiles later, dS buffers guarded by mbarriers instead of the named barrier, GEMM
-#      issue alternating between the warpgroups (named barriers), row statistics by bulk copy
-#      (H200 2026-11-30 run A: 52 GPU tests, sanitizers clean);
-#   4: variant 3 with each tile's dK GEMM issued before the dS tile is stored to smem, that store
-#      on precomputed 32-bit shared addresses (same math and accumulation order as variant 3:
-#      bitwise equal dK/dV, and dQ in deterministic mode). Its dS store reads the registers of
-#      the dK GEMM's A fragment while that GEMM is in flight, which the PTX rules for wgmma do not
-#      allow: measured (fastest, 461 full 8K) but never the default;
-#   5: variant 4 without the early dK issue (only the st.shared dS store; no register access to
-#      an in-flight wgmma's A fragment). Same results as 3 and 4 (bitwise test on the H200).
-#   6: variant 5's kernel body on a persistent grid of num_SMs - sm_margin CTAs taking work items
-#      (key block, kv head, batch) from a global counter, heaviest key blocks first within L2
-#      sections of heads; the next item's K/V load under the current item's dK/dV epilogue.
-#      Same per-item math as 5 (bitwise equal dK/dV; dQ too in deterministic mode).
+#   5: warp specialized (a producer warpgroup with a TMA warp and a dQ-writer warp, setmaxnreg 24;
+#      two consumer warpgroups, 240) with the consumer warpgroups in ping-pong (each tile's dQ GEMM
+#      two tiles later, dS buffers on mbarriers, GEMM issue alternating through named barriers),
+#      row statistics by bulk copy, dS stored on precomputed 32-bit shared addresses; one CTA
+#      per work item (key block, kv head, batch). The default.
+#   6: variant 5's per-item code on a persistent grid of num_SMs - sm_margin CTAs taking work
+#      items from a global counter, heaviest key blocks first within L2 sections of heads, the
+#      next item's K/V load under the current item's dK/dV epilogue. Same per-item math as 5
+#      (bitwise equal dK/dV; dQ too in deterministic mode).
+# Measured and removed (NOTES.md): 1 (no warp specialization), 2 (warp specialized, lock-step
+# consumers), 3 (ping-pong, generic-address dS stores), 4 (dK GEMM issued before the dS store,
+# which reads an in-flight wgmma's A registers: not allowed by PTX).
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
-# variants 1-5 launch one CTA per work item and ignore it. variant=None picks variant 6 when
+# variant 5 launches one CTA per work item and ignores it. variant=None picks variant 6 when
 # sm_margin > 0 (the only one that can leave SMs free), else the default.
-# Head dim 256 has its own kernel (cc/sm90/bwd_d256_kernel.cuh: 64 keys per CTA, the two consumer
-# warpgroups split d, dQ staged over the dead Q/dO stage) in two forms: variant 4 = "EarlySdP" (the
-# next tile's S/dP issued before this tile's dV/dK), every other variant number = the default form.
-# Same results bit for bit (dK/dV always, dQ in deterministic mode). It ignores sm_margin (one CTA
-# per work item). Not run on a GPU yet (benchmarks/NOTES.md, "d = 256 backward (no device)").
-BWD_VARIANTS = (1, 2, 3, 4, 5, 6)
-DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests + bitwise equal to 3, sanitizers
-                         # clean; 8K full 445 / causal 415 / document 369 TFLOP/s (variant 3:
-                         # 388 / 362 / 319), deterministic 424 / 405 / 312;
+# Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
+# per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
+# work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
+# full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
+# replaces: 7.9 on full).
+BWD_VARIANTS = (5, 6)
+DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers clean; 8K full 445 /
+                         # causal 415 / document 369 TFLOP/s, deterministic 424 / 405 / 312;
                          # benchmarks/results/bwd_dev_2026-11-30_run3.md. Variant 6 (session 3,
                          # runs 1-2): 62 GPU tests, sanitizers clean, dK/dV bitwise = 5, but full
                          # 402 / causal 384 (-10 % / -7 %); sliding_window +2.6 %.
@@ -297,11 +278,10 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     order in both modes. Needs dq_mode 1 (the default).
 
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
-    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 1-5 ignore it; with
+    CTAs), e.g. for NCCL's kernels under context parallelism. Variant 5 ignores it; with
     variant=None a margin > 0 selects variant 6.
 
-    d=256: its own kernel (64 keys per CTA) for every `variant` (4: its EarlySdP form); it
-    ignores sm_margin.
+    d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     """
     mod, reason = _load()
     if mod is None:

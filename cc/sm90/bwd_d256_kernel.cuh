@@ -23,9 +23,9 @@
 //    wait, the first half of the dQ store, the S / dP GEMMs of tile t+1 (issued once 32 dQ
 //    registers are free), the second half of the dQ store under them, then the exp / dS math of
 //    tile t+1. Every wgmma group is waited in the loop iteration that issued it (none in flight
-//    across the back edge). P / dS are double buffered. Variant 4 ("EarlySdP") instead issues
-//    the S / dP GEMMs of tile t+1 before the dV / dK GEMMs of tile t and runs the math of t+1
-//    under them (more overlap, but see the next point);
+//    across the back edge). P / dS are double buffered. (An "EarlySdP" form that issued the S / dP
+//    GEMMs of tile t+1 before the dV / dK GEMMs of tile t measured 21 % slower on the H200 and
+//    was removed: its Q / dO load latency is exposed, see the next point);
 //  * the dQ tile needs 64 KB of fp32 staging for the bulk reduce, which does not fit beside K, V
 //    (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers (32 KB). Once both
 //    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), the Q / dO stage of tile t is
@@ -33,8 +33,7 @@
 //    tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both into the workspace
 //    and then hands the stage back to the producer. So a stage comes back only after the dQ
 //    staged over it has been read, and the next tile's Q / dO load must fit between that and the
-//    S / dP issue of that tile: in the default order that is about one tile's dQ / dV / dK GEMMs,
-//    in the EarlySdP order almost nothing (its load latency is exposed). dq_mode 0: float2
+//    S / dP issue of that tile: about one tile's dQ / dV / dK GEMMs. dq_mode 0: float2
 //    atomics from registers, the stage is released straight after the GEMMs.
 // The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
 // warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
@@ -46,14 +45,9 @@
 
 namespace jfm::sm90 {
 
-// EarlySdP_ = false: the kernel of every variant number but 4. true (variant 4): the S / dP GEMMs of
-// tile t+1 are issued before the dV / dK GEMMs of tile t and the exp / dS math of t+1 runs under
-// them (more overlap inside a warpgroup, but the Q / dO stage of t+1 is then needed right after
-// the dQ of t-1 was staged over it: the load latency is exposed; measure both).
-template <class Elem_, bool EarlySdP_ = false>
+template <class Elem_>
 struct BwdD256Traits {
   using Elem = Elem_;
-  static constexpr bool kEarlySdP = EarlySdP_;
   static constexpr int D = 256, Bm = kBwdBlockM, Bn = 64, NWG = 2, Stages = 2, kPdsBufs = 2;
   static constexpr int kThreads = 128 * (NWG + 1);
   static constexpr int kQCols = Bm / NWG;  // query columns of S^T / dP^T per warpgroup
@@ -472,46 +466,25 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const int st = t & 1, par = (t >> 1) & 1;
       const int st1 = st ^ 1, par1 = ((t + 1) >> 1) & 1;
       pp_wait(&ss.pds_full[st], par);  // both warpgroups' P^T / dS^T of tile t stored
-      if constexpr (T::kEarlySdP) {
-        // S / dP of tile t+1 issued first, its exp / dS math under dV / dK of tile t
-        if (next) {
-          pp_wait(&ss.full[st1], par1);
-          sdp_gemms(st1);
-          dkv_gemms(st);
-          math(Int<3>{}, Int<2>{}, st1, par1);
-          dq_gemm(st);
-          warpgroup_wait<0>();
-        } else {
-          dkv_gemms(st);
-          dq_gemm(st);
-          warpgroup_wait<0>();
-        }
-        gemms_done();
-        pp_arrive(&ss.pds_empty[st]);
-        release_stage(st);
+      // dQ, dV, dK of tile t, the dQ store, then S / dP of tile t+1: the stage of tile t+1 had
+      // tile t's GEMMs and dQ store to arrive (a stage is only freed once the dQ staged over it
+      // has been read by its reduce). S / dP issued before the dQ store (dQ live under them:
+      // 224 accumulator registers) made ptxas serialize every wgmma (C7512) and spill.
+      dq_gemm(st);
+      dkv_gemms(st);
+      warpgroup_wait<0>();
+      gemms_done();
+      pp_arrive(&ss.pds_empty[st]);
+      release_stage(st);
+      if (!next) {
         write_dq(st, par, lin);
-        if (!next) break;
-      } else {
-        // dQ, dV, dK of tile t, the dQ store, then S / dP of tile t+1: the stage of tile t+1 had
-        // tile t's GEMMs and dQ store to arrive (a stage is only freed once the dQ staged over it
-        // has been read by its reduce). S / dP issued before the dQ store (dQ live under them:
-        // 224 accumulator registers) made ptxas serialize every wgmma (C7512) and spill.
-        dq_gemm(st);
-        dkv_gemms(st);
-        warpgroup_wait<0>();
-        gemms_done();
-        pp_arrive(&ss.pds_empty[st]);
-        release_stage(st);
-        if (!next) {
-          write_dq(st, par, lin);
-          break;
-        }
-        write_dq_half(Int<0>{}, st, par, lin);
-        pp_wait(&ss.full[st1], par1);
-        sdp_gemms(st1);
-        write_dq_half(Int<1>{}, st, par, lin);
-        math(Int<1>{}, Int<0>{}, st1, par1);
+        break;
       }
+      write_dq_half(Int<0>{}, st, par, lin);
+      pp_wait(&ss.full[st1], par1);
+      sdp_gemms(st1);
+      write_dq_half(Int<1>{}, st, par, lin);
+      math(Int<1>{}, Int<0>{}, st1, par1);
       lin = (b * a.N + hk * a.heads_per_kv + g) * a.mblk + m;
       ++t;
       ++m;
@@ -635,11 +608,10 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   return bwd_convert_dq_sm90(p, sq_pad, stream);
 }
 
-// Every variant number runs the d = 256 kernel; variant 4 its EarlySdP form (see BwdD256Traits).
+// Every variant number runs the d = 256 kernel (one CTA per work item; sm_margin is ignored).
 template <class Elem>
 cudaError_t launch_bwd_d256(const BwdParams& p, cudaStream_t stream, const char** err) {
-  if (p.variant == 4) return launch_bwd_d256_impl<BwdD256Traits<Elem, true>>(p, stream, err);
-  return launch_bwd_d256_impl<BwdD256Traits<Elem, false>>(p, stream, err);
+  return launch_bwd_d256_impl<BwdD256Traits<Elem>>(p, stream, err);
 }
 
 }  // namespace jfm::sm90

@@ -10,14 +10,11 @@
 //   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
 //   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
-// Kernel variants: 1 = flashmask_bwd_kernel (thread 0 issues loads and reduces, two block-wide
-// barriers per tile); 2 = flashmask_bwd_ws_kernel (warp specialized: producer warpgroup with a
-// TMA warp and a dQ-writer warp, mbarrier hand-offs, one named barrier per tile; the default);
-// 3 = flashmask_bwd_pp_kernel (variant 2 with the consumer warpgroups in ping-pong: each tile's dQ
-// GEMM two tiles late, dS buffers on mbarriers, alternating GEMM issue; row statistics via smem);
-// 4 = variant 3 with each tile's dK GEMM issued before its dS tile is stored to smem (st.shared);
-// 5 = variant 4 without the early dK issue (only the st.shared store); 6 = variant 5 on a
-// persistent grid with a heaviest-first work-item scheduler (flashmask_bwd_persist_kernel).
+// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default) and 6 =
+// flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a heaviest-first
+// work-item scheduler; the only one that honours sm_margin). Variants 1-4 (the 2026-11-29/30
+// steps towards 5: no warp specialization, warp specialization without ping-pong, ping-pong with
+// generic-address dS stores, early dK issue) were measured, lost, and are gone: NOTES.md.
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -31,31 +28,17 @@
 
 namespace jfm::sm90 {
 
-// kWS = false: kernel variant 1 (two warpgroups, thread 0 issues the loads, two block-wide
-// barriers per tile). kWS = true: variant 2, warp specialized (flashmask_bwd_ws_kernel below).
-// PP_ = true (with WS_): kernel variant 3, flashmask_bwd_pp_kernel (ping-pong consumers).
-// V4_ = true (with PP_): the dS tile stored on 32-bit shared addresses; EarlydK_: each tile's dK
-// GEMM issued before that store (see flashmask_bwd_pp_kernel). Kernel variant 4 = both, variant 5
-// = the store alone (dK after the store, as variant 3).
-// Persist_ = true (with V4_, !EarlydK_): kernel variant 6, flashmask_bwd_persist_kernel.
-template <class Elem_, int D_, bool WS_ = false, bool PP_ = false, bool V4_ = false,
-          bool EarlydK_ = V4_, bool Persist_ = false>
+// Persist_ = false: kernel variant 5, flashmask_bwd_pp_kernel (one CTA per work item); true:
+// variant 6, flashmask_bwd_persist_kernel (the same per-item code on a persistent grid).
+template <class Elem_, int D_, bool Persist_ = false>
 struct BwdTraits {
   using Elem = Elem_;
-  static constexpr bool kWS = WS_;
-  static constexpr bool kPP = PP_;
-  static constexpr bool kV4 = V4_;
-  static constexpr bool kEarlydK = EarlydK_;
   static constexpr bool kPersist = Persist_;
-  static_assert(!Persist_ || (V4_ && !EarlydK_), "variant 6 = variant 5 on a persistent grid");
-  static_assert(!PP_ || WS_, "variant 3 is warp specialized");
-  static_assert(!V4_ || PP_, "variants 4 and 5 are variants of the ping-pong kernel");
-  static_assert(!EarlydK_ || V4_, "early dK only with variant 4");
   static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
-  static constexpr int kDsBufs = kWS ? 2 : 1;  // dS tiles in smem
-  static constexpr int kDqBufs = kWS ? 2 : 1;  // fp32 dQ tiles in smem
-  static constexpr int kThreads = 128 * (NWG + (kWS ? 1 : 0));  // WS: + a producer warpgroup
+  static constexpr int kDsBufs = 2;  // dS tiles in smem
+  static constexpr int kDqBufs = 2;  // fp32 dQ tiles in smem
+  static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
 
@@ -95,8 +78,8 @@ struct BwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<_1, Int<kDqWG>, _1>>{}));
 
-  // Variant 3 extras: the tile's row statistics (lse2, D) by bulk copy with its Q / dO stage, and
-  // the mbarriers that replace variant 2's per-tile named barrier around the dS tiles.
+  // The tile's row statistics (lse2, D) by bulk copy with its Q / dO stage, and the mbarriers
+  // of the dS tiles shared by the two consumer warpgroups.
   struct PPExtra {
     alignas(16) float rs[Stages][2][Bm];  // [stage][0] = lse * log2(e), [stage][1] = D
     alignas(8) uint64_t ds_full[kDsBufs];   // dS tile stored by all 256 consumer threads
@@ -109,9 +92,7 @@ struct BwdTraits {
     alignas(8) uint64_t kv_empty;        // last reads of sK / sV of the item done (256)
     int item[2][4];  // item id, then its key block n, kv head hk, batch b
   };
-  struct NoExtra {};
-  using Extra =
-      std::conditional_t<Persist_, PersistExtra, std::conditional_t<PP_, PPExtra, NoExtra>>;
+  using Extra = std::conditional_t<Persist_, PersistExtra, PPExtra>;
 
   struct SharedStorage {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
@@ -121,12 +102,12 @@ struct BwdTraits {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutdS>> ds;
     alignas(128) float dq[kDqBufs][Bm * D];  // dQ tiles (fragment order) for the bulk reduce
     alignas(8) uint64_t full[Stages];  // Q + dO of a tile landed
-    alignas(8) uint64_t empty[Stages];     // WS: Q + dO stage read by both consumer warpgroups
-    alignas(8) uint64_t dq_full[kDqBufs];  // WS: dQ tile stored by the consumers
-    alignas(8) uint64_t dq_empty[kDqBufs]; // WS: dQ tile read by its bulk reduce
+    alignas(8) uint64_t empty[Stages];     // Q + dO stage read by both consumer warpgroups
+    alignas(8) uint64_t dq_full[kDqBufs];  // dQ tile stored by the consumers
+    alignas(8) uint64_t dq_empty[kDqBufs]; // dQ tile read by its bulk reduce
     alignas(8) uint64_t kv_full;       // K + V landed
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
-    Extra x;                           // variant 3 only
+    Extra x;
   };
 };
 
@@ -238,693 +219,32 @@ __device__ __forceinline__ void bwd_issue_dq_reduce(float* gtile, const float* s
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
-template <class T, class TmaQ, class TmaK>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    flashmask_bwd_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
-                         CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
-                         CUTE_GRID_CONSTANT TmaK const tma_v) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using Elem = typename T::Elem;
-  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm;
-  using Storage = typename T::SharedStorage;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-
-  extern __shared__ __align__(1024) char smem_raw[];
-  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
-
-  // Deterministic mode walks the key blocks from the last one down (blockIdx.x = 0 is the last
-  // block): a CTA only ever waits for CTAs with a smaller blockIdx, which are launched no later.
-  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x;
-
-  if (tid == 0) {
-    for (int s = 0; s < T::Stages; ++s) Barrier::init(&ss.full[s], 1);
-    Barrier::init(&ss.kv_full, 1);
-    ss.sem_prev = -1;
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-  if (a.deterministic && tid / 32 == 1) bwd_mark_skipped<Bm>(a, b, hk, n, tid % 32);
-
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
-  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
-  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
-
-  // ---- walk state: every thread walks (g, m); thread 0 also runs the prefetch walk ----
-  int g = 0, m = 0;
-  bool partial = false;
-  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-  int pg = g, pm = m;
-  bool pp = false, phave = have;
-
-  Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-  Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-  auto issue_tile = [&](int gg, int mm, int stage) {
-    const int h = hk * a.heads_per_kv + gg;
-    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-    Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-    auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                    group_modes<0, 2>(gQ));
-    auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO),
-                                      group_modes<0, 2>(gdO));
-    Barrier::arrive_and_expect_tx(&ss.full[stage], 2 * Bm * D * sizeof(Elem));
-    copy(tma_q.with(ss.full[stage]), tQg(_, mm), tQs(_, stage));
-    copy(tma_do.with(ss.full[stage]), tdOg(_, mm), tdOs(_, stage));
-  };
-
-  if (tid == 0) {
-    Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-    Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-    Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-    Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-    auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                    group_modes<0, 2>(gK));
-    auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                    group_modes<0, 2>(gV));
-    if (have) {
-      Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-      copy(tma_k.with(ss.kv_full), tKg, tKs);
-      copy(tma_v.with(ss.kv_full), tVg, tVs);
-    }
-    CUTE_UNROLL
-    for (int s = 0; s < T::Stages; ++s) {
-      if (phave) {
-        issue_tile(pg, pm, s);
-        ++pm;
-        phave = bwd_find_kept<Bm, Bn>(a, b, hk, n, pg, pm, pp);
-      }
-    }
-  }
-  __syncwarp();  // warp 0 reconverges before the .aligned wgmma instructions
-
-  typename T::TiledMmaSdP mma_sdp;
-  typename T::TiledMmadKV mma_dkv;
-  typename T::TiledMmadQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(tid);
-  auto thr_dkv = mma_dkv.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? tid : tid % 128);
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS(_, _, 0));
-  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
-  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
-  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
-  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  // Coordinates of this thread's accumulator elements (wgmma m64nNk16 C layout): element
-  // e = 4*kk + 2*i + j of a 64 x N tile sits at row 16*warp_in_wg + lane/4 + 8*i, column
-  // 8*kk + 2*(lane%4) + j. (Identity-tensor partitions were hoisted out of the loop by the
-  // compiler and cost ~600 bytes of spills.) S^T, dK, dV: warpgroup w owns rows 64*w..;
-  // dQ: warpgroup w owns columns w*D/2.. (tiled (1, 2, 1)).
-  const int wg = tid / 128, lane = tid % 32;
-  const int row_base = 16 * ((tid / 32) % 4) + lane / 4;
-  const int col_base = 2 * (lane % 4);
-  static_assert(decltype(size(tSrS))::value == Bm / 2, "unexpected S fragment");
-  static_assert(decltype(size(tPrP))::value == Bm / 2, "unexpected P fragment");
-  static_assert(decltype(size(tdKrdK))::value == D / 2, "unexpected dK fragment");
-
-  clear(tdVrdV);
-  clear(tdKrdK);
-  const float sl2 = a.scale_log2;
-  // This thread's two keys (rows of S^T): element e = 4*kk + 2*i + j belongs to key i.
-  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
-  const bool dq_store = T::kDqWG == T::NWG || wg == 0;  // d = 64: warpgroup 0 stores dQ
-
-  // dQ tile -> smem (bulk mode) or float2 atomics into the workspace, in the fragment order of
-  // BwdTraits (each warp's store of one accumulator pair is 256 contiguous bytes: no bank
-  // conflicts). fb = this thread's fragment base (laundered by the caller).
-  auto put_dq = [&](auto const& acc, int fb, float* gtile) {
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc); e += 2) {
-      const int off = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-      const float2 val = make_float2(acc(e), acc(e + 1));
-      if (a.dq_bulk) *reinterpret_cast<float2*>(&ss.dq[0][off]) = val;
-      else atomicAdd(reinterpret_cast<float2*>(gtile + off), val);
-    }
-  };
-  auto frag_base = [&](int tid_l) {
-    const int wq = T::kDqWG == T::NWG ? tid_l / 128 : 0;
-    return wq * 64 * T::kDqCols + ((tid_l / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (tid_l % 32);
-  };
-  // Deterministic mode, warp 0: wait until every key block above n has added its dQ to the tile
-  // whose ordering bits start at word `base` (`first` = this lane's word fetched earlier).
-  auto wait_predecessors = [&](int64_t base, uint32_t first) {
-    const int w0 = (n + 1) / 32;
-    for (int wc = w0; wc < a.sem_words; wc += 32) {
-      const int w = wc + lane;
-      const uint32_t need = bwd_sem_need(a, n, w);
-      uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
-      while (!__all_sync(0xffffffffu, (v & need) == need)) {
-        __nanosleep(64);
-        if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
-      }
-    }
-    // acquire the predecessors' adds, then order them before our (async-proxy) reduce
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    if (lane == 0) ss.sem_prev = base + n / 32;
-  };
-  auto early_bits = [&](int h_, int m_) {
-    uint32_t v = 0;
-    const int w = (n + 1) / 32 + lane;
-    if (w < a.sem_words) v = ld_relaxed_gpu(a.dq_sem + bwd_sem_word(a, b, h_, m_) + w);
-    return v;
-  };
-  // Thread 0, before the barrier after which sdQ is rewritten: the last bulk reduce has read sdQ;
-  // deterministic mode: it has completed in global memory, and its bit is published.
-  auto retire_reduce = [&]() {
-    if (a.deterministic) {
-      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-      const int64_t w = ss.sem_prev;
-      if (w >= 0) {
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + w),
-                     "r"(1u << (n % 32))
-                     : "memory");
-        ss.sem_prev = -1;
-      }
-    } else {
-      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    }
-  };
-  auto issue_reduce = [&](float* gtile) { bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[0][0]); };
-
-  if (have) Barrier::wait(&ss.kv_full, 0);
-  int stage = 0, phase = 0;
-  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
-
-  while (have) {
-    // Launder the per-thread coordinates: derived addresses (dS stores, dQ atomics) are then
-    // recomputed each iteration instead of being hoisted into ~60 live registers (spills).
-    int row_b, col_b, wg_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
-    asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
-    asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
-    const int h = hk * a.heads_per_kv + g;
-    const int ms = m * Bm;
-    const float* l2p = a.lse2 + ((int64_t)b * a.N + h) * a.sq_pad + ms;
-    const float* dlp = a.delta + ((int64_t)b * a.N + h) * a.sq_pad + ms;
-    // deterministic (base variant): warp 0 fetches this tile's ordering bits now, checks them
-    // before the add
-    uint32_t sem_early = 0;
-    if (a.deterministic && tid < 32) sem_early = early_bits(h, m);
-
-    Barrier::wait(&ss.full[stage], phase);
-    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
-
-    // element mask (partial tiles only): bounds of this thread's two keys for this mask head
-    int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
-    bool koob[2] = {false, false};
-    if (partial) {
-      const int hm = h / a.heads_per_mask;
-      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int j = i == 0 ? key0 : key1;
-        koob[i] = j >= a.Sk;
-        if (!koob[i]) {
-          lts[i] = __ldg(bnd + j);
-          lte[i] = __ldg(bnd + a.Sk + j);
-          uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
-          ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
-        }
-      }
-    }
-
-
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(tSrS);
-    // P^T = exp2(S^T * scale * log2(e) - lse2); masked -> 0 (lse2 = +inf on empty/padded rows)
-    CUTE_UNROLL
-    for (int kk = 0; kk < Bm / 8; ++kk) {
-      // row statistics of this thread's query columns (padded to sq_pad: no bounds check)
-      const float2 l2 = __ldg(reinterpret_cast<const float2*>(l2p + 8 * kk + col_b));
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        CUTE_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          const int e = 4 * kk + 2 * i + j;
-          float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
-          if (partial) {
-            const int q = ms + 8 * kk + col_b + j;
-            const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
-            if (masked) p = 0.f;
-          }
-          tSrS(e) = p;
-        }
-      }
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrdP);
-    CUTE_UNROLL
-    for (int kk = 0; kk < Bm / 8; ++kk) {
-      const float2 dd = __ldg(reinterpret_cast<const float2*>(dlp + 8 * kk + col_b));
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        CUTE_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          const int e = 4 * kk + 2 * i + j;
-          const float p = tSrS(e);
-          const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
-          tPrP(e) = static_cast<Elem>(p);
-          tPrdS(e) = static_cast<Elem>(ds);
-        }
-      }
-    }
-    // dV += P^T dO
-    wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, stage), tdVrdV);
-    // dS^T -> smem as dS (query, key)
-    CUTE_UNROLL
-    for (int e = 0; e < size(tPrdS); ++e)
-      sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), 0) = tPrdS(e);
-    // dK += dS^T Q
-    wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, stage), tdKrdK);
-    cutlass::arch::fence_view_async_shared();
-
-    {
-#ifdef JFM_BWD_DQ_NO_OVERLAP
-      warpgroup_wait<0>();  // dV / dK GEMMs done before the dQ GEMM is issued
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdKrdK);
-#endif
-      if (tid == 0 && a.dq_bulk) retire_reduce();
-      __syncthreads();  // dS complete in smem
-      wgmma_gemm<true, -1, false>(mma_dq, tdQrdS, tdQrK, tdQrdQ);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tdQrdQ);
-      warpgroup_fence_operand(tPrP);
-      warpgroup_fence_operand(tPrdS);
-      // dQ (unscaled) -> fp32 workspace [B, N, sq_pad, D] (padded rows get zeros: dS = 0 there)
-      float* dqa = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
-      int tid_b;
-      asm volatile("mov.b32 %0, %1;" : "=r"(tid_b) : "r"(tid));
-      if (dq_store) put_dq(tdQrdQ, frag_base(tid_b), dqa);
-      if (a.dq_bulk) cutlass::arch::fence_view_async_shared();
-      __syncthreads();  // every read of this stage's Q / dO and of sdS is done
-      if (a.deterministic && tid < 32) wait_predecessors(bwd_sem_word(a, b, h, m), sem_early);
-      if (tid == 0 && a.dq_bulk) issue_reduce(dqa);
-      if (tid == 0 && phave) {
-        issue_tile(pg, pm, stage);
-        ++pm;
-        phave = bwd_find_kept<Bm, Bn>(a, b, hk, n, pg, pm, pp);
-      }
-      __syncwarp();
-    }
-    if (++stage == T::Stages) {
-      stage = 0;
-      phase ^= 1;
-    }
-    ++m;
-    have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-  }
-  if (tid == 0 && a.dq_bulk) {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    if (a.deterministic && ss.sem_prev >= 0) {
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + ss.sem_prev),
-                   "r"(1u << (n % 32))
-                   : "memory");
-    }
-  }
-  // Epilogue: dK * scale, dV, in the input dtype (rows past Sk are dropped).
-  Elem* dk = reinterpret_cast<Elem*>(a.dk);
-  Elem* dv = reinterpret_cast<Elem*>(a.dv);
-  CUTE_UNROLL
-  for (int e = 0; e < size(tdKrdK); e += 2) {
-    const int j = n * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
-    const int c = 8 * (e / 4) + col_base;
-    if (j < a.Sk) {
-      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
-      cutlass::Array<Elem, 2> pk, pv;
-      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
-      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
-      pv[0] = static_cast<Elem>(tdVrdV(e));
-      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
-    }
-  }
-#endif
-}
-
 // ---------------------------------------------------------------------------------------------
-// Variant 2: warp specialized. 384 threads: warpgroup 0 = producer (setmaxnreg 40), warpgroups
-// 1-2 = the two consumer warpgroups of variant 1 (setmaxnreg 232), with no block-wide barrier in
-// the tile loop:
-//   warp 0 (one lane): K/V once, then Q/dO of every kept tile into the 2-stage ring; a stage is
-//     refilled once both consumer warpgroups arrived on its `empty` barrier (after their last
-//     GEMM reading it);
+// Variant 5: warp specialized, ping-pong consumers. 384 threads: warpgroup 0 = producer
+// (setmaxnreg 24), warpgroups 1-2 = two consumer warpgroups of 64 keys each (setmaxnreg 240):
+//   warp 0 (one lane): K/V once, then Q/dO (+ the tile's row statistics lse2 and D, by bulk copy
+//     on the same `full` barrier) of every kept tile into the 2-stage ring; a stage is refilled
+//     once both consumer warpgroups arrived on its `empty` barrier (after their last GEMM on it);
 //   warp 1 (dQ writer): per tile, waits for the consumers' fp32 dQ tile in smem (`dq_full`, two
 //     buffers), issues its bulk reduce-add (deterministic mode: after the ordering bits of the key
 //     blocks above say so; then publishes its own bit), frees the buffer (`dq_empty`);
 //   warp 2: deterministic mode only, marks the skipped tiles at CTA start.
-// Consumers per tile: S/dP -> P/dS -> dV, dS to smem (two buffers), dK -> named barrier 1 (both
-// consumer warpgroups: dS complete) -> dQ GEMM -> dQ tile to smem -> arrive; they never wait for
-// a reduce or for the loads of the next tile to be issued.
-template <class T, class TmaQ, class TmaK>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    flashmask_bwd_ws_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
-                            CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
-                            CUTE_GRID_CONSTANT TmaK const tma_v) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using Elem = typename T::Elem;
-  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
-  using Storage = typename T::SharedStorage;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert(T::kWS && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2, "WS layout");
-  constexpr int kConsumers = 128 * T::NWG;
-
-  extern __shared__ __align__(1024) char smem_raw[];
-  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
-
-  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int hk = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const int lane = tid % 32;
-
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      Barrier::init(&ss.full[s], 1);
-      Barrier::init(&ss.empty[s], kConsumers);
-      Barrier::init(&ss.dq_full[s], kConsumers);
-      Barrier::init(&ss.dq_empty[s], 1);
-    }
-    Barrier::init(&ss.kv_full, 1);
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
-
-  int g = 0, m = 0;
-  bool partial = false;
-  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-
-  if (tid < 128) {  // ---------------------------------------------------------- producer
-    cutlass::arch::warpgroup_reg_dealloc<24>();
-    const int warp = tid / 32;
-    if (warp == 0) {
-      if (lane == 0 && have) {
-        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-        auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                        group_modes<0, 2>(gK));
-        auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                        group_modes<0, 2>(gV));
-        Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-        copy(tma_k.with(ss.kv_full), tKg, tKs);
-        copy(tma_v.with(ss.kv_full), tVg, tVs);
-        int stage = 0, phase = 0;
-        while (have) {
-          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
-          const int h = hk * a.heads_per_kv + g;
-          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-          auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                          group_modes<0, 2>(gQ));
-          auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
-                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-          Barrier::arrive_and_expect_tx(&ss.full[stage], 2 * Bm * D * sizeof(Elem));
-          copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-          copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-          if (++stage == S) { stage = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-        }
-      }
-    } else if (warp == 1) {
-      if (a.dq_bulk) {  // dQ writer
-        int buf = 0, phase = 0;
-        while (have) {
-          const int h = hk * a.heads_per_kv + g;
-          const int64_t base = bwd_sem_word(a, b, h, m);
-          uint32_t first = 0;
-          if (a.deterministic) {
-            const int w = (n + 1) / 32 + lane;
-            if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
-          }
-          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
-          Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) {
-            const int w0 = (n + 1) / 32;
-            for (int wc = w0; wc < a.sem_words; wc += 32) {
-              const int w = wc + lane;
-              const uint32_t need = bwd_sem_need(a, n, w);
-              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
-              while (!__all_sync(0xffffffffu, (v & need) == need)) {
-                __nanosleep(64);
-                if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
-              }
-            }
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          }
-          if (lane == 0) {
-            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            if (a.deterministic) {
-              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-              asm volatile("fence.proxy.async.global;\n" ::: "memory");
-              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
-                           "r"(1u << (n % 32))
-                           : "memory");
-            } else {
-              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            }
-            Barrier::arrive(&ss.dq_empty[buf]);
-          }
-          __syncwarp();
-          if (++buf == 2) { buf = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-        }
-        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-      }
-    } else if (warp == 2) {
-      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
-    }
-    return;
-  }
-
-  // ------------------------------------------------------------------------------- consumers
-  cutlass::arch::warpgroup_reg_alloc<240>();
-  const int ctid = tid - 128;
-  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
-  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
-  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
-
-  typename T::TiledMmaSdP mma_sdp;
-  typename T::TiledMmadKV mma_dkv;
-  typename T::TiledMmadQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
-  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? ctid : ctid % 128);
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
-  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
-  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
-  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
-  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  const int wg = ctid / 128;
-  const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
-  const int col_base = 2 * (lane % 4);
-  const bool dq_store = T::kDqWG == T::NWG || wg == 0;
-
-  clear(tdVrdV);
-  clear(tdKrdK);
-  const float sl2 = a.scale_log2;
-  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
-
-  if (have) Barrier::wait(&ss.kv_full, 0);
-  int stage = 0, phase = 0;
-  while (have) {
-    int row_b, col_b, wg_b, ctid_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
-    asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
-    asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
-    const int h = hk * a.heads_per_kv + g;
-    const int ms = m * Bm;
-    const float* l2p = a.lse2 + ((int64_t)b * a.N + h) * a.sq_pad + ms;
-    const float* dlp = a.delta + ((int64_t)b * a.N + h) * a.sq_pad + ms;
-
-    Barrier::wait(&ss.full[stage], phase);
-    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
-
-    int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
-    bool koob[2] = {false, false};
-    if (partial) {
-      const int hm = h / a.heads_per_mask;
-      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int j = i == 0 ? key0 : key1;
-        koob[i] = j >= a.Sk;
-        if (!koob[i]) {
-          lts[i] = __ldg(bnd + j);
-          lte[i] = __ldg(bnd + a.Sk + j);
-          uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
-          ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
-        }
-      }
-    }
-
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(tSrS);
-    CUTE_UNROLL
-    for (int kk = 0; kk < Bm / 8; ++kk) {
-      const float2 l2 = __ldg(reinterpret_cast<const float2*>(l2p + 8 * kk + col_b));
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        CUTE_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          const int e = 4 * kk + 2 * i + j;
-          float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
-          if (partial) {
-            const int q = ms + 8 * kk + col_b + j;
-            const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
-            if (masked) p = 0.f;
-          }
-          tSrS(e) = p;
-        }
-      }
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrdP);
-    CUTE_UNROLL
-    for (int kk = 0; kk < Bm / 8; ++kk) {
-      const float2 dd = __ldg(reinterpret_cast<const float2*>(dlp + 8 * kk + col_b));
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        CUTE_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          const int e = 4 * kk + 2 * i + j;
-          const float p = tSrS(e);
-          const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
-          tPrP(e) = static_cast<Elem>(p);
-          tPrdS(e) = static_cast<Elem>(ds);
-        }
-      }
-    }
-    wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, stage), tdVrdV);
-    CUTE_UNROLL
-    for (int e = 0; e < size(tPrdS); ++e)
-      sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), stage) = tPrdS(e);
-    wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, stage), tdKrdK);
-    cutlass::arch::fence_view_async_shared();
-    // dS of this tile complete from both consumer warpgroups (named barrier 1, 256 threads).
-    // The dS buffer used two tiles ago is free too: each warpgroup finished that tile's dQ GEMM
-    // before it arrived here.
-    cutlass::arch::NamedBarrier::sync(kConsumers, 1);
-    wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, stage), tdQrK, tdQrdQ);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tdVrdV);
-    warpgroup_fence_operand(tdKrdK);
-    warpgroup_fence_operand(tdQrdQ);
-    warpgroup_fence_operand(tPrP);
-    warpgroup_fence_operand(tPrdS);
-    Barrier::arrive(&ss.empty[stage]);  // this thread's reads of the Q / dO stage are done
-    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
-                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      Barrier::wait(&ss.dq_empty[stage], phase ^ 1);  // the reduce from this buffer has read it
-      if (dq_store) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int off = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[stage][off]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-        }
-      }
-      cutlass::arch::fence_view_async_shared();
-      Barrier::arrive(&ss.dq_full[stage]);
-    } else if (dq_store) {
-      float* dqa = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + ms) * D;
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int off = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + off), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
-    }
-    if (++stage == S) { stage = 0; phase ^= 1; }
-    ++m;
-    have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-  }
-
-  Elem* dk = reinterpret_cast<Elem*>(a.dk);
-  Elem* dv = reinterpret_cast<Elem*>(a.dv);
-  CUTE_UNROLL
-  for (int e = 0; e < size(tdKrdK); e += 2) {
-    const int j = n * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
-    const int c = 8 * (e / 4) + col_base;
-    if (j < a.Sk) {
-      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
-      cutlass::Array<Elem, 2> pk, pv;
-      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
-      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
-      pv[0] = static_cast<Elem>(tdVrdV(e));
-      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
-    }
-  }
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
-// Variant 3: variant 2 with the two consumer warpgroups out of lock-step (ping-pong). Variant 2
-// meets at a named barrier once per tile (the dQ GEMM reads both warpgroups' dS), so both run
-// their exp/dS math at the same time while the tensor cores idle. Here:
+// The two consumer warpgroups run out of lock-step, so that one's exp/dS math runs under the
+// other's GEMMs:
 //  * the dQ GEMM of tile t is issued two tiles later (in the GEMM section that follows the math of
 //    tile t+1), when the other warpgroup's dS of tile t is certainly stored: ds_full[buf] (256
-//    arrivals after each thread's dS store + proxy fence) replaces the named barrier, and
-//    ds_empty[buf] (256 arrivals after the dQ GEMM on it completed) guards the rewrite of a dS
-//    buffer two tiles on;
+//    arrivals after each thread's dS store + proxy fence), and ds_empty[buf] (256 arrivals after
+//    the dQ GEMM on it completed) guards the rewrite of a dS buffer two tiles on;
 //  * the GEMM issue of the two warpgroups alternates through named barriers 1 and 2 (as the
 //    forward's ping-pong): per warpgroup and tile one "section" = [dQ GEMM of tile t-1, wait for it
 //    and for this tile's dV/dK GEMMs, release the Q/dO stage, dQ tile to smem, S/dP GEMMs of tile
 //    t+1]; the other warpgroup's exp/dS math runs under it. Sections: one before the loop (S/dP
 //    of the first tile), one per tile, one after (the last tile's dQ GEMM), the same count in both
 //    warpgroups; warpgroup 1 pre-arrives once so that warpgroup 0 goes first and skips its last
-//    arrive, so every named-barrier phase is matched;
-//  * the tile's row statistics (lse2, D) come into smem by bulk copy on the Q/dO stage's `full`
-//    barrier instead of global loads inside the math (an L2 round trip after each GEMM wait).
-// Producer warpgroup as variant 2 (the dQ-writer warp is unchanged: dQ tiles still arrive in
-// tile order, through the same two smem buffers, only two tiles later).
-// Variant 3's consumer hand-offs, with "memory" clobbers so that the compiler keeps the plain
-// smem accesses (dS stores, row statistics and dQ-offset loads) on the right side of them (the
-// CUTLASS barrier and proxy-fence wrappers carry no clobber).
+//    arrive, so every named-barrier phase is matched.
+// Consumer hand-offs with "memory" clobbers, so that the compiler keeps the plain smem accesses
+// (dS stores, row statistics and dQ-offset loads) on the right side of them (the CUTLASS barrier
+// and proxy-fence wrappers carry no clobber).
 __device__ __forceinline__ void pp_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(bar))
                : "memory");
@@ -937,6 +257,31 @@ __device__ __forceinline__ void pp_fence_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// A consumer thread's share of its dS^T fragment into the dS tile (queries x keys, K-major, 128B
+// swizzle) on 32-bit shared addresses: 4 swizzled bases per thread (one per (key half, query
+// parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only sees the row
+// within a group of 8: checked on the host for every (q, k, stage) of both SmemLayoutdS
+// instantiations, benchmarks/bwd_ds_addr_check.cu). Storing through the CuTe tensor rebuilds
+// each element's 64-bit generic address (~340 integer instructions). q0 = the thread's first
+// query column of the fragment, k0 = its first key row.
+template <class Elem, class SdS, class Frag>
+__device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int q0, int k0, int st) {
+  // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along the
+  // query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
+  constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
+  uint32_t dsb[2][2];
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i)
+    CUTE_UNROLL
+    for (int c = 0; c < 2; ++c)
+      dsb[i][c] = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdS(q0 + c, k0 + 8 * i, st)));
+  CUTE_UNROLL
+  for (int e = 0; e < size(tPrdS); ++e) {
+    const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
+    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
+  }
+}
+
 template <class T, class TmaQ, class TmaK>
 __global__ void __launch_bounds__(T::kThreads, 1)
     flashmask_bwd_pp_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
@@ -947,7 +292,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert(T::kWS && T::kPP && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2, "PP layout");
+  static_assert(T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2, "PP layout");
   constexpr int kConsumers = 128 * T::NWG;
 
   extern __shared__ __align__(1024) char smem_raw[];
@@ -1025,7 +370,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     } else if (warp == 1) {
-      if (a.dq_bulk) {  // dQ writer (as variant 2)
+      if (a.dq_bulk) {  // dQ writer
         int buf = 0, phase = 0;
         while (have) {
           const int h = hk * a.heads_per_kv + g;
@@ -1246,41 +591,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-      // Variant 4: dK += dS^T Q is issued before the dS tile is stored (the stores only read the
-      // A-operand registers of the GEMM in flight, no accumulator), so the GEMM runs under the
-      // ds_empty wait and the 32 stores instead of after them. Same registers as variant 3.
-      if constexpr (T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
       pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      if constexpr (T::kV4) {
-        // Variants 4, 5: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
-        // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
-        // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
-        // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
-        // of the 32 elements (~340 integer instructions, ST.E.U16).
-        // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along
-        // the query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
-        constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
-        uint32_t dsb[2][2];
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i)
-          CUTE_UNROLL
-          for (int c = 0; c < 2; ++c)
-            dsb[i][c] = cute::cast_smem_ptr_to_uint(
-                raw_pointer_cast(&sdS(col_b + c, 64 * wg_b + row_b + 8 * i, st)));
-        CUTE_UNROLL
-        for (int e = 0; e < size(tPrdS); ++e) {
-          const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
-          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
-        }
-      } else {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tPrdS); ++e)
-          sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
-      }
+      store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
-      if constexpr (!T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
@@ -1394,7 +710,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert(T::kWS && T::kPP && T::kPersist && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2,
+  static_assert(T::kPersist && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2,
                 "PP layout");
   constexpr int kConsumers = 128 * T::NWG;
 
@@ -1752,41 +1068,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-      // Variant 4: dK += dS^T Q is issued before the dS tile is stored (the stores only read the
-      // A-operand registers of the GEMM in flight, no accumulator), so the GEMM runs under the
-      // ds_empty wait and the 32 stores instead of after them. Same registers as variant 3.
-      if constexpr (T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
       pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      if constexpr (T::kV4) {
-        // Variants 4, 5: 32-bit shared addresses, 4 swizzled bases per thread (one per (key half,
-        // query parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only
-        // sees the row within a group of 8: checked on the host for every (q, k, stage) of both
-        // SmemLayoutdS instantiations). Variant 3 rebuilds the 64-bit generic address of each
-        // of the 32 elements (~340 integer instructions, ST.E.U16).
-        // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along
-        // the query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
-        constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
-        uint32_t dsb[2][2];
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i)
-          CUTE_UNROLL
-          for (int c = 0; c < 2; ++c)
-            dsb[i][c] = cute::cast_smem_ptr_to_uint(
-                raw_pointer_cast(&sdS(col_b + c, 64 * wg_b + row_b + 8 * i, st)));
-        CUTE_UNROLL
-        for (int e = 0; e < size(tPrdS); ++e) {
-          const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
-          asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
-        }
-      } else {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tPrdS); ++e)
-          sdS(8 * (e / 4) + col_b + (e % 2), 64 * wg_b + row_b + 8 * ((e / 2) % 2), st) = tPrdS(e);
-      }
+      store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
-      if constexpr (!T::kEarlydK) wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
@@ -1942,9 +1229,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   auto kernel = [&]() {
     if constexpr (T::kPersist)
       return &flashmask_bwd_persist_kernel<T, decltype(tma_q), decltype(tma_k)>;
-    else if constexpr (T::kPP) return &flashmask_bwd_pp_kernel<T, decltype(tma_q), decltype(tma_k)>;
-    else if constexpr (T::kWS) return &flashmask_bwd_ws_kernel<T, decltype(tma_q), decltype(tma_k)>;
-    else return &flashmask_bwd_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    else return &flashmask_bwd_pp_kernel<T, decltype(tma_q), decltype(tma_k)>;
   }();
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
@@ -1974,15 +1259,9 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
 
 template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
-  if (p.variant == 2) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
-  if (p.variant == 3) return launch_bwd_impl<BwdTraits<Elem, D, true, true>>(p, stream, err);
-  if (p.variant == 4) return launch_bwd_impl<BwdTraits<Elem, D, true, true, true>>(p, stream, err);
-  if (p.variant == 5)
-    return launch_bwd_impl<BwdTraits<Elem, D, true, true, true, false>>(p, stream, err);
-  if (p.variant == 6)
-    return launch_bwd_impl<BwdTraits<Elem, D, true, true, true, false, true>>(p, stream, err);
-  if (p.variant == 1) return launch_bwd_impl<BwdTraits<Elem, D, false>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 1 to 6";
+  if (p.variant == 5) return launch_bwd_impl<BwdTraits<Elem, D>>(p, stream, err);
+  if (p.variant == 6) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5 or 6";
   return cudaErrorInvalidValue;
 }
 

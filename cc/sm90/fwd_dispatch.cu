@@ -36,33 +36,20 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if (p.variant == 1) {  // one consumer warpgroup (64-row tiles): the step-2 baseline, bf16 d=128
-    if (bf16 && p.d == 128) return sm90::launch_fwd<bfloat16_t, 128, 128, 1, 2, false>(p, stream, err);
-    if (err) *err = "flashmask sm90 forward: variant 1 is compiled for bf16, d=128 only";
+  if (p.variant < 2 || p.variant > 6) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 6)";
     return cudaErrorInvalidValue;
   }
-  if (p.variant < 2 || p.variant > 7) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 1 to 7)";
-    return cudaErrorInvalidValue;
-  }
-  if (p.variant == 7) {  // variant 3 with key blocks of 176 (one Q buffer, setmaxnreg 24/240), d=128
-    if (p.d == 128)
-      return bf16 ? sm90::launch_fwd<bfloat16_t, 128, 176, 2, 2, true>(p, stream, err)
-                  : sm90::launch_fwd<half_t, 128, 176, 2, 2, true>(p, stream, err);
-    if (err) *err = "flashmask sm90 forward: variant 7 (key block 176) is compiled for d=128 only";
-    return cudaErrorInvalidValue;
-  }
-  // Variants 2-5 share one kernel (two consumer warpgroups + softmax/GEMM overlap + ping-pong);
+  // Variants 2-6 share one kernel (two consumer warpgroups + softmax/GEMM overlap + ping-pong);
   // the launcher picks the grid and the bounds path at run time:
   //   2: one CTA per tile, partial-block bounds read from global memory by the consumers;
   //   3: persistent grid + dynamic tile counter, bounds staged in smem by the producer;
   //   4: one CTA per tile, bounds staged in smem;  5: persistent + dynamic, bounds from global;
   //   6: variant 3 + tile-boundary overlap (the next tile's block scan and first QK^T GEMM are
   //      issued before the current tile's last PV GEMM is waited for; its epilogue runs under them).
-  //   7: variant 3 with key blocks of 176 instead of 128 (d = 128 only; see above).
-  // The persistent variants (3, 5, 6, 7) launch num_SMs - p.sm_margin CTAs.
-  // (Variant 0, variant 2 without overlap, was measured in run 1 and is no longer compiled: see
-  // benchmarks/NOTES.md.)
+  // The persistent variants (3, 5, 6) launch num_SMs - p.sm_margin CTAs.
+  // (Measured and no longer compiled, see benchmarks/NOTES.md: 0 = variant 2 without overlap,
+  // 1 = one consumer warpgroup, 7 = variant 3 with key blocks of 176.)
   switch (p.d) {
     case 64:
       return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true>(p, stream, err)

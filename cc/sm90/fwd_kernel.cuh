@@ -694,11 +694,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   const size_t smem = sizeof(typename T::SharedStorage);
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
   // Variants (see fwd_dispatch.cu): persistent grid with a dynamic tile counter (3, 5) or one CTA
-  // per tile (1, 2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
-  // global memory by the consumers (1, 2, 5).
+  // per tile (2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
+  // global memory by the consumers (2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
-  // Variant 7 = variant 3 on the Bn = 176 instantiation (fwd_dispatch.cu).
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7;
+  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {

@@ -420,35 +420,9 @@ def test_deterministic_flag_reaches_the_kernel():
                        do, None, scale=0.1, dq_mode=0, deterministic=True)
 
 
-def test_variant4_bitwise_equals_variant3():
-    """Variant 4 only reorders the issue of variant 3's dK GEMM and dS store (and computes the dS
-    store addresses differently: a wrong address shows up here as a dQ mismatch): the same products
-    are accumulated in the same order, so dK and dV are bitwise equal in every mode and dQ too in
-    deterministic mode."""
-    _need(jnp.bfloat16, 128)
-    if not (3 in VARIANTS and 4 in VARIANTS):
-        pytest.skip("variants 3 and 4 not both under test")
-    news = [vv for vv in (4, 5) if vv in getattr(_cuda, "BWD_VARIANTS", ())]  # 5: same code, dK later
-    rng = np.random.default_rng(5)
-    q, k, v, do = _inputs(rng, 2, 1100, 1300, 8, 2, 128, jnp.bfloat16)
-    b = jnp.asarray(random_bounds(rng, 2, 2, 1100, 1300))
-    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    for det, vnew in [(d, vv) for d in (False, True) for vv in news]:
-        r3 = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=det, variant=3)
-        r4 = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=det, variant=vnew)
-        for i, (x, y) in enumerate(zip(r3, r4)):
-            if i == 0 and not det:
-                assert _relerr(np.asarray(x.astype(jnp.float32)),
-                               np.asarray(y.astype(jnp.float32), np.float64)) < 1e-3
-                continue
-            np.testing.assert_array_equal(np.asarray(x.astype(jnp.float32)),
-                                          np.asarray(y.astype(jnp.float32)),
-                                          err_msg=f"variant {vnew} output {i} deterministic={det}")
-
-
 def test_variants_agree():
-    """Variants 1, 2 (warp specialized), 3 (ping-pong) and 4 compute the same per-CTA terms; in
-    deterministic mode all add them in the same order, so they agree to the last few bf16 ulps."""
+    """The compiled variants (5, 6) compute the same per-item terms; in deterministic mode they add
+    them in the same order, so they agree to the last few bf16 ulps (bitwise: test_variant6_*)."""
     _need(jnp.bfloat16, 128)
     if len(VARIANTS) < 2:
         pytest.skip("one backward variant compiled")
@@ -529,7 +503,7 @@ def test_variant6_bitwise_equals_variant5(case, margin):
 def test_sm_margin_identical_results():
     """sm_margin only changes how many persistent CTAs share the items: deterministic results are
     bitwise identical for every margin (1 CTA included: margin >= the SM count), dK/dV also in the
-    default mode; variants 1-5 ignore it."""
+    default mode; variant 5 ignores it."""
     _need(jnp.bfloat16, 128)
     if 6 not in VARIANTS:
         pytest.skip("variant 6 not under test")
@@ -573,14 +547,8 @@ def _need256(dtype=jnp.bfloat16):
     _need(dtype, 256)
 
 
-# d=256 kernel forms: the default (every variant number but 4) and variant 4 (EarlySdP: the next
-# tile's S/dP issued before this tile's dV/dK, see BwdD256Traits)
-D256_FORMS = [None] + ([4] if 4 in getattr(_cuda, "BWD_VARIANTS", ()) else [])
-
-
-@pytest.mark.parametrize("variant", D256_FORMS)
 @pytest.mark.parametrize("dq_mode", [1, 0])
-def test_d256_mask_families(dq_mode, variant):
+def test_d256_mask_families(dq_mode):
     """All twelve benchmark masks on a small problem (several key blocks of 64, GQA)."""
     _need256()
     seed = _seed()
@@ -590,8 +558,7 @@ def test_d256_mask_families(dq_mode, variant):
     assert len(suite) == 12
     q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 256, jnp.bfloat16)
     for name, b in suite.items():
-        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode,
-               variant=variant)
+        _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode)
 
 
 @pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (6, 3, 3), (4, 1, 1)])
@@ -613,11 +580,8 @@ def test_d256_ragged_lengths(Sq, Sk, dtype):
     seed = _seed()
     rng = np.random.default_rng(seed)
     q, k, v, do = _inputs(rng, 2, Sq, Sk, 2, 1, 256, dtype)
-    for variant in D256_FORMS:
-        _check(q, k, v, do, random_bounds(rng, 2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode,
-               variant=variant)
-        _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode,
-               variant=variant)
+    _check(q, k, v, do, random_bounds(rng, 2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode)
+    _check(q, k, v, do, causal_bounds(2, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode)
 
 
 def test_d256_fully_masked_rows_and_columns():
@@ -662,15 +626,13 @@ def test_d256_jit_vmap_and_variants():
     for x, y in zip(got, ref):
         np.testing.assert_array_equal(np.asarray(x[:, 0].astype(jnp.float32)),
                                       np.asarray(y.astype(jnp.float32)))
-    for variant in _cuda.BWD_VARIANTS:  # 4 = the EarlySdP form: same products, same order
+    for variant in _cuda.BWD_VARIANTS:  # one d=256 kernel for every variant number
         r = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=variant,
                  sm_margin=7)
         _assert_same_bits(ref, r, f"d=256 variant {variant}")
-    for mode in (1, 0):  # dk/dv do not depend on the form or the dQ mode
-        for variant in D256_FORMS:
-            r = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, dq_mode=mode, variant=variant)
-            _assert_same_bits((ref[1], ref[2]), (r[1], r[2]),
-                              f"d=256 variant {variant} dk/dv dq_mode {mode}")
+    for mode in (1, 0):  # dk/dv do not depend on the dQ mode
+        r = _bwd(q, k, v, b, out, lse, do, None, scale=0.1, dq_mode=mode)
+        _assert_same_bits((ref[1], ref[2]), (r[1], r[2]), f"d=256 dk/dv dq_mode {mode}")
 
 
 @pytest.mark.parametrize("case", ["causal", "full", "document", "random_gqa", "random_hm_n",
