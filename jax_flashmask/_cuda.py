@@ -26,8 +26,8 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadata workspace
 
-# Compiled forward kernel variants (cc/sm90/fwd_dispatch.cu; one kernel, chosen at run time;
-# history in benchmarks/NOTES.md):
+# Compiled forward kernel variants (cc/sm90/fwd_dispatch.cu; 2-6 are one kernel chosen at run
+# time, 8 has its own instantiations; history in benchmarks/NOTES.md):
 #   2: producer warp + 2 consumer warpgroups (128-row tiles), FA3-style softmax/GEMM overlap inside a
 #      warpgroup and GEMM ping-pong between the two; one CTA per query tile;
 #   3: variant 2's kernel on a persistent grid (one CTA per SM) taking tiles from a global atomic
@@ -36,16 +36,24 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   5: persistent + dynamic (as 3) with the bounds read from global memory (as 2);
 #   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
 #      issued before the current tile's last PV GEMM is waited for, and the current tile's
-#      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks).
+#      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks);
+#   8: variant 3 with 3 of every 16 softmax exponentials computed on the FMA pipe
+#      (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error 8.6e-5) instead of
+#      MUFU ex2, to unload the MUFU pipe at d = 64; d = 64 and 128 only, its own instantiations
+#      (benchmarks/NOTES.md, "Variant 8"; built and checked on the CPU only so far, not yet run on
+#      a GPU).
 # Measured and removed: 1 (one consumer warpgroup), 7 (key blocks of 176: run B +0.4 % on full 8K,
 # -2..-22 % elsewhere).
-# The persistent variants (3, 5, 6) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# The persistent variants (3, 5, 6, 8) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
-VARIANTS = (2, 3, 4, 5, 6)
+EXP_SPLIT_VARIANT = 8
+EXP_SPLIT_HEAD_DIMS = (64, 128)  # head dims variant 8 is compiled for
+VARIANTS = (2, 3, 4, 5, 6, EXP_SPLIT_VARIANT)
 DEFAULT_VARIANT = 3
-TESTED_VARIANTS = (2, 3, 4, 6)  # run on every case of tests/gpu/test_cuda_forward.py
+TESTED_VARIANTS = (2, 3, 4, 6, EXP_SPLIT_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
+                                                   # (variant 8 where supported: d = 64, 128)
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -143,6 +151,8 @@ def _check_problem(q, k, v, bounds):
 def variant_supported(variant: int, dtype, head_dim: int) -> bool:
     """Whether forward kernel `variant` is compiled for (dtype, head_dim) (dtype bf16/fp16)."""
     variant, head_dim = int(variant), int(head_dim)
+    if variant == EXP_SPLIT_VARIANT:
+        return head_dim in EXP_SPLIT_HEAD_DIMS
     if variant not in VARIANTS:
         return False
     return head_dim in SUPPORTED_HEAD_DIMS
@@ -155,7 +165,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 8; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
@@ -168,6 +178,9 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
+    if variant == EXP_SPLIT_VARIANT and d not in EXP_SPLIT_HEAD_DIMS:
+        raise NotImplementedError(
+            f"kernel variant {variant} (exp2 split) is compiled for d in {EXP_SPLIT_HEAD_DIMS} only")
     nblk = -(-Sk // _META_BLOCK)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),

@@ -19,6 +19,22 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     if (err) *err = "flashmask sm90 forward: N must be a multiple of K and of Hm";
     return cudaErrorInvalidValue;
   }
+  if (p.variant == 8) {
+    // Variant 3's kernel (persistent grid, bounds staged in smem) with 3 of every 16 softmax
+    // exponentials on the FMA pipe (exp2_fma.h) instead of MUFU; d = 64, 128 (inst/*_ex3.cu).
+    constexpr int kExpSplit = 3;
+    FwdParams p3 = p;
+    p3.variant = 3;  // the launcher's grid / bounds path of variant 3
+    const bool bf16_8 = p.dtype == DType::kBF16;
+    if (p.d == 64)
+      return bf16_8 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, kExpSplit>(p3, stream, err)
+                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, kExpSplit>(p3, stream, err);
+    if (p.d == 128)
+      return bf16_8 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, kExpSplit>(p3, stream, err)
+                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, kExpSplit>(p3, stream, err);
+    if (err) *err = "flashmask sm90 forward: variant 8 (exp2 split) is compiled for d=64 and d=128 only";
+    return cudaErrorInvalidValue;
+  }
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.variant < 2 || p.variant > 6) {
     if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 6)";

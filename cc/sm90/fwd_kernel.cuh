@@ -12,6 +12,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -20,6 +21,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "exp2_fma.h"
 #include "params.h"
 
 namespace jfm::sm90 {
@@ -33,6 +35,9 @@ struct FwdTraits {
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
   static constexpr int Bm = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
+  // Softmax exponentials computed on the FMA pipe (exp2_fma), per 16 of a thread's row elements;
+  // 0 = all on MUFU (every variant but 8; FwdTraitsExpSplit below sets it for variant 8).
+  static constexpr int ExpSplit = 0;
   // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
   // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
   static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
@@ -80,6 +85,15 @@ struct FwdTraits {
   };
 };
 
+// Variant 8: FwdTraits with ExpSplit of every 16 softmax exponentials of a thread's row on the
+// FMA pipe (benchmarks/NOTES.md, "Variant 8"). A derived type rather than a seventh template
+// parameter of FwdTraits, so the other variants' kernels keep their types (and symbols).
+template <class Base, int ExpSplit_>
+struct FwdTraitsExpSplit : Base {
+  static_assert(ExpSplit_ >= 0 && ExpSplit_ <= 16, "ExpSplit counts sixteenths");
+  static constexpr int ExpSplit = ExpSplit_;
+};
+
 struct KArgs {
   void* o;
   float* lse;
@@ -110,6 +124,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Softmax exponential of element q (0 .. Bn/4 - 1) of a thread's row: ExpSplit of every 16
+// consecutive q, spread evenly ((q * ExpSplit) mod 16 < ExpSplit), on the FMA pipe, the others on
+// MUFU. q is a compile-time constant after unrolling, so the choice costs no instruction.
+template <int ExpSplit>
+__device__ __forceinline__ float softmax_exp2(float x, int q) {
+  if constexpr (ExpSplit == 0) {
+    return fast_exp2(x);
+  } else {
+    return ((q % 16) * ExpSplit) % 16 < ExpSplit ? exp2_fma(x) : fast_exp2(x);
+  }
 }
 
 // One WGMMA batch: C (+)= A * B over the K mode; optionally wait for completion.
@@ -451,7 +477,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           for (int kk = 0; kk < Bn / 8; ++kk) {
             CUTE_UNROLL
             for (int j = 0; j < 2; ++j) {
-              const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
+              const float p =
+                  softmax_exp2<T::ExpSplit>(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc), 2 * kk + j);
               tSrS(4 * kk + 2 * i + j) = p;
               sum += p;
             }
@@ -652,9 +679,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 #endif
 }
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
+// ExpSplit > 0: variant 8's kernel (fwd_dispatch.cu passes p.variant = 3 for its grid and bounds).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, int ExpSplit>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
-  using T = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
+  using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
+  using T = std::conditional_t<ExpSplit == 0, Base, FwdTraitsExpSplit<Base, ExpSplit>>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;

@@ -4,6 +4,7 @@
 #include "params.h"
 
 namespace jfm::sm90 {
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
+// ExpSplit: softmax exponentials on the FMA pipe per 16 (variant 8; 0 = every other variant).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, int ExpSplit = 0>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err);
 }  // namespace jfm::sm90
