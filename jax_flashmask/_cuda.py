@@ -247,7 +247,8 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-#   7: variant 5's kernel with 128-row query tiles, d = 64 only (ValueError for other head dims):
+#   7: variant 5's kernel with 128-row query tiles, d = 64 only (ValueError for d = 128; d = 256
+#      runs its own kernel for every variant number):
 #      per tile and warpgroup S^T / dP^T 64 keys x 128 queries, dV / dK 64 x 64, the dQ GEMM split
 #      by query rows between the warpgroups (variant 5 at d = 64 runs it twice). Not yet run on a
 #      GPU (NOTES.md "Variant 7").
@@ -281,6 +282,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     variant=None a margin > 0 selects variant 6.
 
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
+    variant=7 (d = 64 only; ValueError at d = 128): 128-row query tiles (its dQ / row-statistics
+    workspaces padded to a multiple of 128 rows); ignores sm_margin.
     """
     mod, reason = _load()
     if mod is None:
@@ -300,7 +303,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
-    if variant == BWD_ROWS128_VARIANT and d != 64:
+    if variant == BWD_ROWS128_VARIANT and d == 128:  # (d = 256: one kernel for every variant)
         raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
                          f"got d = {d}")
     deterministic = _check_deterministic(deterministic)
