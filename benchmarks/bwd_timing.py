@@ -5,7 +5,7 @@ custom call alone (forward outputs precomputed). cuDNN: jax.vjp of dot_product_a
 fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward FlashMask convention
 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
-       [--variants 5 6] [--det 0 1] (kernel variants; default and deterministic mode)
+       [--variants 5 6 7] [--det 0 1] (kernel variants; default and deterministic mode; 7: --d 64 only)
        [--sm-margin 0 8] (SMs left free; variant 6 only, the others ignore it and run once)
        [--d 256 --heads 16] [--portable] (head dim; also time the portable XLA backward)
 Validation in the same run: every configuration of a (S, mask) is compared with the first one
@@ -44,11 +44,14 @@ def timeit(f, *args, iters=10, warmup=2):
 
 def small_cases(variants=None):
     """A few small launches (both dQ modes, d 64/128/256, ragged, GQA) for compute-sanitizer.
-    variants: kernel variants to run (default: all compiled; d=256: the first one and 4, its two
-    kernel forms)."""
+    variants: kernel variants to run (default: all compiled; d=256: the first one only, one kernel
+    for every variant number; variant 7: the d=64 cases only, incl. a bf16 GQA case with three
+    128-row query tiles, the last one partial)."""
     import numpy as np
     rng = np.random.default_rng(0)
+    rows128 = getattr(_cuda, "BWD_ROWS128_VARIANT", None)
     for (Sq, Sk, N, K, d, dt) in [(129, 200, 4, 2, 128, jnp.bfloat16), (70, 333, 2, 1, 64, jnp.float16),
+                                  (300, 333, 4, 2, 64, jnp.bfloat16),
                                   (150, 197, 4, 2, 256, jnp.bfloat16)]:
         q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
         k = jnp.asarray(rng.standard_normal((1, Sk, K, d)), dt)
@@ -59,6 +62,7 @@ def small_cases(variants=None):
         b = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
         vs = variants or getattr(_cuda, "BWD_VARIANTS", (1,))
+        vs = [x for x in vs if x != rows128 or d == 64]  # variant 7: d = 64 only
         for variant in (vs[:1] if d == 256 else vs):  # d=256: one kernel for every variant
             for mode, det in ((1, False), (0, False), (1, True)):
                 # variant 6 also with 4 CTAs (sm_margin): several items per CTA, both slots

@@ -201,6 +201,13 @@ BWD_HEAD_DIMS = (64, 128, 256)  # cc/sm90/bwd_aux.cu dispatch
 _BWD_BLOCK_M = 64   # query rows per tile (row-statistics padding), cc/sm90/params.h kBwdBlockM
 
 
+def _bwd_block_m(head_dim: int, variant: int) -> int:
+    """Query rows per tile of the backward kernel (sizes the Sq padding of the dQ / row-statistics
+    workspaces and the query-tile count of the ordering bits): 128 for variant 7 (d = 64 only),
+    kBwdBlockM = 64 otherwise (the d = 256 kernel too)."""
+    return 128 if int(variant) == BWD_ROWS128_VARIANT and int(head_dim) == 64 else _BWD_BLOCK_M
+
+
 def _bwd_block_n(head_dim: int) -> int:
     """Keys per CTA of the backward kernel for `head_dim` (the metadata granularity: sizes the
     metadata and ordering-bit workspaces): kBwdBlockN = 128 for d = 64 / 128, 64 for the d = 256
@@ -253,7 +260,13 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6)
+#   7: variant 5's kernel with 128-row query tiles, d = 64 only (ValueError for d = 128; d = 256
+#      runs its own kernel for every variant number):
+#      per tile and warpgroup S^T / dP^T 64 keys x 128 queries, dV / dK 64 x 64, the dQ GEMM split
+#      by query rows between the warpgroups (variant 5 at d = 64 runs it twice). Not yet run on a
+#      GPU (NOTES.md "Variant 7").
+BWD_VARIANTS = (5, 6, 7)
+BWD_ROWS128_VARIANT = 7
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers clean; 8K full 445 /
                          # causal 415 / document 369 TFLOP/s, deterministic 424 / 405 / 312;
                          # benchmarks/results/bwd_dev_2026-11-30_run3.md. Variant 6 (session 3,
@@ -282,6 +295,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     variant=None a margin > 0 selects variant 6.
 
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
+    variant=7 (d = 64 only; ValueError at d = 128): 128-row query tiles (its dQ / row-statistics
+    workspaces padded to a multiple of 128 rows); ignores sm_margin.
     """
     mod, reason = _load()
     if mod is None:
@@ -301,6 +316,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
+    if variant == BWD_ROWS128_VARIANT and d == 128:  # (d = 256: one kernel for every variant)
+        raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
+                         f"got d = {d}")
     deterministic = _check_deterministic(deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
@@ -309,10 +327,11 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     dout = dout.astype(q.dtype)
     lse = lse.astype(jnp.float32)
     dlse = jnp.zeros((B, Sq, N), jnp.float32) if dlse is None else dlse.astype(jnp.float32)
-    sq_pad = -(-Sq // _BWD_BLOCK_M) * _BWD_BLOCK_M
+    block_m = _bwd_block_m(d, variant)
+    sq_pad = -(-Sq // block_m) * block_m
     nblk = -(-Sk // _bwd_block_n(d))
     # ordering bits of the deterministic mode: [B, N, query tiles, ceil(nblk / 32)] (else unused)
-    sem_shape = (B, N, sq_pad // _BWD_BLOCK_M, -(-nblk // 32)) if deterministic else (1,)
+    sem_shape = (B, N, sq_pad // block_m, -(-nblk // 32)) if deterministic else (1,)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k.shape, k.dtype),

@@ -51,10 +51,12 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
   }
 }
 
-// The workspace holds each 64 x d query tile in the kernel's fragment order (BwdTraits::kDqCols):
-// element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j, wq = c / dqc,
-// kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2, lane = 4*(r % 8) + (c % 8) / 2;
-// dqc = d / 2 for d >= 128 (the two warpgroups split d), d otherwise.
+// The workspace holds each 64 x d block of query rows in the kernel's fragment order
+// (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
+// wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
+// lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
+// otherwise. Variant 7's 128-row tiles (d = 64: the warpgroups split the rows) are two such
+// blocks in a row, so this reader does not depend on the kernel's query-tile size.
 __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
   const int wq = c / dqc, cc = c % dqc;
   const int lane = 4 * (r % 8) + (cc % 8) / 2;
@@ -65,7 +67,7 @@ __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
 template <class Elem>
 __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
                                    int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
-  static_assert(kBwdBlockM == 64, "fragment order assumes 64-row query tiles");
+  static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (variant 7: two per tile)");
   const int hp = d / 2;  // pairs per row
   const int dqc = d >= 128 ? d / 2 : d;
   for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < npairs;

@@ -1,6 +1,7 @@
 // FlashMask-3 backward for Hopper (sm_90a): column parallel, one CTA per (key block of Bn = 128
 // keys, kv head, batch), two consumer warpgroups (64 keys each). The CTA walks the query heads of
-// its GQA group and, for each, the 64-row query tiles that the block metadata does not skip
+// its GQA group and, for each, the Bm-row query tiles (64; 128 for variant 7) that the block
+// metadata does not skip
 // (element mask only on partial tiles). Q and dO tiles come by TMA into a 2-stage ring; K and V
 // are loaded once. Per tile, all on WGMMA:
 //   S^T  = K Q^T, dP^T = V dO^T           (64 x Bm per warpgroup, both operands from smem)
@@ -10,9 +11,12 @@
 //   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
 //   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
-// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default) and 6 =
+// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default), 6 =
 // flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a heaviest-first
-// work-item scheduler; the only one that honours sm_margin). Variants 1-4 (the 2026-11-29/30
+// work-item scheduler; the only one that honours sm_margin) and 7 = flashmask_bwd_pp_kernel with
+// 128-row query tiles (BwdTraits Bm_ = 128; d = 64 only): per tile and warpgroup S^T / dP^T are
+// 64 keys x 128 queries, dV / dK 64 x 64 over 128 queries, and the dQ GEMM is split between the
+// warpgroups by query rows (no duplicated GEMM, unlike variant 5 at d = 64). Variants 1-4 (the 2026-11-29/30
 // steps towards 5: no warp specialization, warp specialization without ping-pong, ping-pong with
 // generic-address dS stores, early dK issue) were measured, lost, and are gone: NOTES.md.
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
@@ -30,17 +34,21 @@ namespace jfm::sm90 {
 
 // Persist_ = false: kernel variant 5, flashmask_bwd_pp_kernel (one CTA per work item); true:
 // variant 6, flashmask_bwd_persist_kernel (the same per-item code on a persistent grid).
-template <class Elem_, int D_, bool Persist_ = false>
+// Bm_ = query rows per tile: kBwdBlockM (64) for variants 5 and 6; 128 for variant 7
+// (flashmask_bwd_pp_kernel at d = 64 only: see kDqRowSplit).
+template <class Elem_, int D_, bool Persist_ = false, int Bm_ = kBwdBlockM>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kPersist = Persist_;
-  static constexpr int D = D_, Bm = kBwdBlockM, Bn = kBwdBlockN, NWG = 2;
+  static constexpr int D = D_, Bm = Bm_, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = 2;  // dS tiles in smem
   static constexpr int kDqBufs = 2;  // fp32 dQ tiles in smem
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
+  static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
+                "128-row query tiles: variant 7 (d = 64, one CTA per work item) only");
 
   // Q / dO ring (Bm, D, Stages), K-major; their (D, Bm, Stages) MN-major views for dK / dV.
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -63,20 +71,30 @@ struct BwdTraits {
       GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<D>, Int<Bm>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       Layout<Shape<Int<NWG>, _1, _1>>{}));
-  // dQ = dS K: for d = 128 the two warpgroups split d (64 columns each: one full 128-byte
-  // swizzle atom of the MN-major K^T view). For d = 64 a split would cut the swizzle atom in
-  // half, so both warpgroups run the same 64 x 64 GEMM and only warpgroup 0 stores it.
-  static constexpr int kDqWG = D >= 128 ? NWG : 1;
-  // dQ tile layout in smem and in the fp32 workspace ("fragment order"): element (row r, col c)
-  // of a 64 x D tile sits at wq*64*kDqCols + ((warp*2 + i)*kDqKK + kk)*64 + 2*lane + j with
-  // wq = c / kDqCols, kk = (c % kDqCols) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
-  // lane = 4*(r % 8) + (c % 8) / 2: the wgmma accumulator fragment of each thread, lanes
-  // interleaved. bwd_convert (bwd_aux.cu) reads it back.
-  static constexpr int kDqCols = D / kDqWG, kDqKK = kDqCols / 8;
+  // dQ = dS K: for d = 128 (Bm = 64) the two warpgroups split d (64 columns each: one full
+  // 128-byte swizzle atom of the MN-major K^T view). For d = 64 with Bm = 64 a split would cut
+  // the swizzle atom in half, so both warpgroups run the same 64 x 64 GEMM and only warpgroup 0
+  // stores it. With Bm = 128 (variant 7) they split the query rows instead (kDqRowSplit):
+  // warpgroup w computes rows [64w, 64w + 64) x D over all Bn keys; nothing is duplicated.
+  static constexpr bool kDqRowSplit = Bm == 2 * 64;
+  static constexpr int kDqWG = (D >= 128 || kDqRowSplit) ? NWG : 1;
+  // dQ tile layout in smem and in the fp32 workspace ("fragment order", one definition: see
+  // dq_frag_offset in bwd_aux.cu, which reads it back): the tile is made of 64-row x kDqCols
+  // slabs, slab wq = warpgroup wq's accumulator (columns [wq*kDqCols, ...) of a 64-row tile for
+  // d = 128; rows [64*wq, 64*wq + 64) for Bm = 128), wq*64*kDqCols floats apart. Element (row r,
+  // col c) of a slab sits at ((warp*2 + i)*kDqKK + kk)*64 + 2*lane + j with kk = c / 8,
+  // j = c % 2, warp = r / 16, i = (r / 8) % 2, lane = 4*(r % 8) + (c % 8) / 2: the wgmma
+  // accumulator fragment of each thread, lanes interleaved. Since kDqCols = D whenever the
+  // slabs are row slabs, a 128-row tile is exactly two consecutive 64-row tiles of the Bm = 64
+  // layout: the workspace layout and bwd_convert do not depend on Bm.
+  static constexpr int kDqCols = kDqRowSplit ? D : D / kDqWG, kDqKK = kDqCols / 8;
+  using DqAtomShape = std::conditional_t<kDqRowSplit, Shape<_64, Int<D>, Int<Bn>>,
+                                         Shape<_64, Int<D / kDqWG>, Int<Bn>>>;
+  using DqWGLayout = std::conditional_t<kDqRowSplit, Layout<Shape<Int<NWG>, _1, _1>>,
+                                        Layout<Shape<_1, Int<kDqWG>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<D / kDqWG>, Int<Bn>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kDqWG>, _1>>{}));
+      GMMA::ss_op_selector<Elem, Elem, float, DqAtomShape, GMMA::Major::K, GMMA::Major::MN>(),
+      DqWGLayout{}));
 
   // The tile's row statistics (lse2, D) by bulk copy with its Q / dO stage, and the mbarriers
   // of the dS tiles shared by the two consumer warpgroups.
@@ -1261,7 +1279,15 @@ template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
   if (p.variant == 5) return launch_bwd_impl<BwdTraits<Elem, D>>(p, stream, err);
   if (p.variant == 6) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5 or 6";
+  if (p.variant == 7) {
+    if constexpr (D == 64) {
+      return launch_bwd_impl<BwdTraits<Elem, D, false, 128>>(p, stream, err);
+    } else {
+      if (err) *err = "flashmask sm90 backward: kernel variant 7 (128-row query tiles) is d = 64 only";
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6 or 7";
   return cudaErrorInvalidValue;
 }
 

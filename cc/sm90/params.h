@@ -70,16 +70,17 @@ struct BwdParams {
   int deterministic;
   uint32_t* dq_sem;
   int64_t dq_sem_capacity;  // number of uint32 available in dq_sem
-  int variant;          // 1: two warpgroups, block-wide barriers; 2: warp specialized; 3: warp
-                        // specialized, ping-pong consumer warpgroups; 4, 5: variants of 3; 6:
-                        // variant 5 on a persistent grid (bwd_kernel.cuh)
+  int variant;          // 5: warp specialized, ping-pong consumer warpgroups; 6: variant 5 on a
+                        // persistent grid; 7: variant 5 with 128-row query tiles (d = 64 only:
+                        // Sq_pad, dq_sem and the tile count at 128 rows) (bwd_kernel.cuh)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).
   int sm_margin;
 };
 
-constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this)
+constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this); variant 7
+                                 // (d = 64): 128 (BwdTraits Bm_, _cuda._bwd_block_m)
 constexpr int kBwdBlockN = 128;  // keys per CTA (metadata granularity of the backward)
 
 cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err);

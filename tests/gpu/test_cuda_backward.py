@@ -27,6 +27,19 @@ _bwd = _cuda.backward
 # Kernel variants under test: all compiled ones, or JFM_BWD_TEST_VARIANTS="2,3" (device-time budget).
 VARIANTS = (tuple(int(x) for x in os.environ["JFM_BWD_TEST_VARIANTS"].split(","))
             if os.environ.get("JFM_BWD_TEST_VARIANTS") else getattr(_cuda, "BWD_VARIANTS", (1,)))
+# Variant 7 (128-row query tiles) is compiled for d = 64 only: the tests written for d = 128 run it
+# at d = 64 (_d_for), the head-dim test skips it at d = 128 (_variants_for; d = 256 has one kernel
+# for every variant number).
+ROWS128 = getattr(_cuda, "BWD_ROWS128_VARIANT", None)
+
+
+def _d_for(variant, d=128):
+    """Head dim a test that uses `d` runs `variant` at (variant 7: 64)."""
+    return 64 if variant is not None and variant == ROWS128 else d
+
+
+def _variants_for(d):
+    return tuple(v for v in VARIANTS if v != ROWS128 or d != 128)
 
 
 def _seed():
@@ -137,12 +150,13 @@ def _suite(S, seed, batch=1):
 @pytest.mark.parametrize("dq_mode", [1, 0])
 @pytest.mark.parametrize("S", [1000])
 def test_mask_families(S, dq_mode, variant):
-    _need(jnp.bfloat16, 128)
+    d = _d_for(variant)
+    _need(jnp.bfloat16, d)
     seed = _seed()
     rng = np.random.default_rng(seed)
     suite = _suite(S, seed, 1)
     assert len(suite) == 12
-    q, k, v, do = _inputs(rng, 1, S, S, 4, 2, 128, jnp.bfloat16)
+    q, k, v, do = _inputs(rng, 1, S, S, 4, 2, d, jnp.bfloat16)
     for name, b in suite.items():
         _check(q, k, v, do, b, seed=f"{seed} mask={name}", rng=rng, dq_mode=dq_mode, variant=variant)
 
@@ -157,6 +171,8 @@ def test_head_dims_dtypes(d, dtype, variant):
     _need(dtype, d)
     if d == 256 and variant != VARIANTS[0]:
         pytest.skip("d=256: one kernel for every variant number (run once)")
+    if variant not in _variants_for(d):
+        pytest.skip(f"variant {variant} is compiled for d=64 only")
     seed = _seed()
     rng = np.random.default_rng(seed)
     Sq, Sk = 300, 333
@@ -174,9 +190,9 @@ def test_gqa_mqa_mask_heads(N, K, Hm):
     seed = _seed()
     rng = np.random.default_rng(seed)
     Sq, Sk = 200, 260
-    q, k, v, do = _inputs(rng, 1, Sq, Sk, N, K, 128, jnp.bfloat16)
     b = random_bounds(rng, 1, Hm, Sq, Sk)
     for variant in VARIANTS:
+        q, k, v, do = _inputs(rng, 1, Sq, Sk, N, K, _d_for(variant), jnp.bfloat16)
         _check(q, k, v, do, b, seed=seed, rng=rng, variant=variant)
 
 
@@ -187,8 +203,8 @@ def test_ragged_lengths(Sq, Sk):
     _need(jnp.bfloat16, 128)
     seed = _seed()
     rng = np.random.default_rng(seed)
-    q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 1, 128, jnp.bfloat16)
     for variant in VARIANTS:
+        q, k, v, do = _inputs(rng, 1, Sq, Sk, 2, 1, _d_for(variant), jnp.bfloat16)
         _check(q, k, v, do, random_bounds(rng, 1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=dq_mode,
                variant=variant)
         _check(q, k, v, do, causal_bounds(1, 1, Sq, Sk), seed=seed, rng=rng, dq_mode=1 - dq_mode,
@@ -230,9 +246,9 @@ def test_many_key_blocks_and_heads():
     seed = _seed()
     rng = np.random.default_rng(seed)
     B, S, N, K = 2, 700, 6, 2
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
     b = causal_bounds(B, 1, S, S)
     for variant in VARIANTS:
+        q, k, v, do = _inputs(rng, B, S, S, N, K, _d_for(variant), jnp.bfloat16)
         r1 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=1, with_dlse=False, variant=variant)
         r0 = _check(q, k, v, do, b, seed=seed, rng=rng, dq_mode=0, with_dlse=False, variant=variant)
         for x, y in zip(r1[1:], r0[1:]):  # dK, dV do not depend on the dQ mode: bitwise equal
@@ -328,7 +344,8 @@ def _assert_same_bits(a, b, msg):
 def test_deterministic_bitwise(case, variant):
     """deterministic=True: two runs give bit-identical dq/dk/dv (several CTAs add into every dQ
     tile), and the gradients are as accurate as the default mode's."""
-    _need(jnp.bfloat16, 128)
+    d = _d_for(variant)
+    _need(jnp.bfloat16, d)
     seed = _seed()
     rng = np.random.default_rng(seed)
     B, Sq, Sk, N, K = 2, 900, 900, 4, 2
@@ -346,8 +363,8 @@ def test_deterministic_bitwise(case, variant):
     else:  # 36 key blocks: the ordering bits span two words per query tile
         B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
         b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
-    det = jax.jit(lambda *a: _bwd(*a, scale=128 ** -0.5, deterministic=True, variant=variant))
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=variant))
     first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
     # other work in between, then the same call again
     _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
@@ -360,10 +377,11 @@ def test_deterministic_bitwise(case, variant):
 def test_deterministic_large_many_ctas(variant):
     """Many concurrent CTAs per query tile (64 key blocks, chains longer than the waves): repeated
     runs bit-identical, and equal to the default mode up to fp32 summation order."""
-    _need(jnp.bfloat16, 128)
+    d = _d_for(variant)
+    _need(jnp.bfloat16, d)
     rng = np.random.default_rng(1)
     B, S, N, K = 2, 8192, 8, 2
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    q, k, v, do = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
         bj = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
@@ -424,18 +442,91 @@ def test_variants_agree():
     """The compiled variants (5, 6) compute the same per-item terms; in deterministic mode they add
     them in the same order, so they agree to the last few bf16 ulps (bitwise: test_variant6_*)."""
     _need(jnp.bfloat16, 128)
-    if len(VARIANTS) < 2:
-        pytest.skip("one backward variant compiled")
+    vs = _variants_for(128)
+    if len(vs) < 2:
+        pytest.skip("one backward variant compiled for d=128")
     rng = np.random.default_rng(3)
     q, k, v, do = _inputs(rng, 2, 1500, 1500, 8, 2, 128, jnp.bfloat16)
     b = jnp.asarray(random_bounds(rng, 2, 2, 1500, 1500))
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
     got = {vv: _bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=vv)
-           for vv in VARIANTS}
-    for other in VARIANTS[1:]:
-        for x, y in zip(got[VARIANTS[0]], got[other]):
+           for vv in vs}
+    for other in vs[1:]:
+        for x, y in zip(got[vs[0]], got[other]):
             x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
-            assert _relerr(x, y) < 1e-3, f"variant {other} vs {VARIANTS[0]}"
+            assert _relerr(x, y) < 1e-3, f"variant {other} vs {vs[0]}"
+
+
+# --------------------------------------------------------------------------- variant 7 (Bm = 128)
+
+
+def _rows128_case(rng, case):
+    """(q, k, v, do, bounds) at d = 64 for the variant-7 comparisons: ragged lengths (a partial
+    last 128-row tile), GQA with mask heads, a mask whose 64-row halves of a 128-row tile differ."""
+    if case == "causal_ragged":
+        B, Sq, Sk, N, K = 2, 1000, 1100, 4, 2
+        b = causal_bounds(B, 1, Sq, Sk)
+    elif case == "random_gqa":
+        B, Sq, Sk, N, K = 1, 777, 1500, 8, 2
+        b = random_bounds(rng, B, 2, Sq, Sk)
+    else:  # document: 128-row tiles that variant 5 splits into a skipped and a kept half
+        B, Sq, Sk, N, K = 2, 1500, 1500, 4, 4
+        b = np.broadcast_to(_suite(Sq, 7, B)["document"], (B, 1, 4, Sk)).copy()
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 64, jnp.bfloat16)
+    return q, k, v, do, jnp.asarray(b)
+
+
+@pytest.mark.parametrize("case", ["causal_ragged", "random_gqa", "document"])
+def test_variants_agree_rows128(case):
+    """Variant 7 (128-row query tiles) against variant 5 at d = 64, default and deterministic
+    mode: the same products in other tiles, so they agree to a few bf16 ulps (rel. err < 1e-3)."""
+    if ROWS128 not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip("variants 5 and 7 not both under test")
+    _need(jnp.bfloat16, 64)
+    rng = np.random.default_rng(11)
+    q, k, v, do, b = _rows128_case(rng, case)
+    out, lse = _cuda.forward(q, k, v, b, scale=0.125)
+    dlse = jnp.asarray(rng.standard_normal(lse.shape, np.float32))
+    for det in (False, True):
+        r5, r7 = (_bwd(q, k, v, b, out, lse, do, dlse, scale=0.125, deterministic=det, variant=vv)
+                  for vv in (5, ROWS128))
+        for name, x, y in zip(("dq", "dk", "dv"), r7, r5):
+            x, y = np.asarray(x.astype(jnp.float32)), np.asarray(y.astype(jnp.float32), np.float64)
+            assert np.isfinite(x).all(), f"{name} not finite, case={case} det={det}"
+            assert _relerr(x, y) < 1e-3, f"{name} v7 vs v5 case={case} det={det}"
+
+
+@pytest.mark.xfail(strict=False, reason="informative only: bitwise equality is plausible (the same "
+                   "per-element wgmma contractions in the same order; the extra halves add exact "
+                   "zeros) but not promised")
+def test_variant7_bitwise_vs_variant5_deterministic():
+    """Informative (XPASS / XFAIL): is variant 7 bitwise equal to variant 5 in deterministic mode?"""
+    if ROWS128 not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip("variants 5 and 7 not both under test")
+    _need(jnp.bfloat16, 64)
+    rng = np.random.default_rng(12)
+    q, k, v, do, b = _rows128_case(rng, "causal_ragged")
+    out, lse = _cuda.forward(q, k, v, b, scale=0.125)
+    r5, r7 = (_bwd(q, k, v, b, out, lse, do, None, scale=0.125, deterministic=True, variant=vv)
+              for vv in (5, ROWS128))
+    _assert_same_bits(r5, r7, "variant 7 vs 5")
+
+
+def test_rows128_variant_d_check_and_workspace():
+    """Variant 7 refuses d != 64 (ValueError) and sizes its workspaces at 128 query rows."""
+    if ROWS128 not in VARIANTS:
+        pytest.skip("variant 7 not under test")
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 300, 300))
+    with pytest.raises(ValueError, match="d = 64"):
+        _bwd(q, k, v, b, q, jnp.zeros((1, 300, 4)), do, None, scale=0.1, variant=ROWS128)
+    _need(jnp.bfloat16, 64)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 64, jnp.bfloat16)
+    f = jax.jit(lambda *a: _bwd(*a, None, scale=0.1, deterministic=True, variant=ROWS128))
+    hlo = f.lower(q, k, v, b, q, jnp.zeros((1, 300, 4)), do).as_text()
+    assert "tensor<1x4x3x1xi32>" in hlo  # ordering bits [B, N, ceil(300 / 128), words]
+    assert "tensor<1x4x384x64xf32>" in hlo  # dQ workspace, Sq padded to 384
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
