@@ -677,11 +677,12 @@ def run(args) -> dict:
                     row.update(run_one(impl, case, ctx, args))
                 doc["results"].append(row)
                 log_row(row, bar)
+                # written after every row: a run cut by a timeout keeps what it measured
+                write_outputs(doc, paths, args, final=False)
             ctx["refs"] = {}
             free_device_memory()
             if bar is not None:
                 bar.update(1)
-            write_outputs(doc, paths, args, final=False)
         ctx.clear()
         free_device_memory()
         try:
