@@ -1,4 +1,7 @@
-"""Protocol model of backward kernel variant 3 (flashmask_bwd_pp_kernel, cc/sm90/bwd_kernel.cuh).
+"""Protocol model of backward kernel variants 5 and 8 (flashmask_bwd_pp_kernel,
+cc/sm90/bwd_kernel.cuh; the protocol of 5 is variant 3's). Variant 8 moves the dQ GEMM of tile t-1
+into the math of tile t (after this tile's dS store and dK issue; ds_empty arrive and the dQ tile
+store after the one wait<0>) and leaves only the S / dP issue in the GEMM turn.
 Agents: producer (TMA warp), dQ-writer warp, consumer warpgroups 0 and 1, run in random
 interleavings (CPU only, no CUDA). Checks deadlock freedom, that every buffer read (Q/dO stage, dS
 tile, dQ tile) sees the right tile and is never overwritten while a read is in flight, and that
@@ -20,7 +23,7 @@ class NBar:  # named barrier, 2 warpgroups
         assert s.arr <= 2
         if s.arr == 2: s.arr, s.gen = 0, s.gen + 1
 
-def run(T, seed):
+def run(T, seed, v8=False, mutate=None):
     rnd = random.Random(seed)
     full = [MBar(1) for _ in range(2)]; empty = [MBar(2) for _ in range(2)]
     dq_full = [MBar(2) for _ in range(2)]; dq_empty = [MBar(1) for _ in range(2)]
@@ -70,7 +73,7 @@ def run(T, seed):
         while True:
             s, par = t & 1, (t >> 1) & 1
             yield turn_begin()
-            if t >= 2:
+            if not v8 and t >= 2:
                 b, p = yield from dq(t - 2)
                 yield from put(b, p, t - 2, True)
             yield lambda: full[s].ready(par)
@@ -78,14 +81,23 @@ def run(T, seed):
             rd_begin('qdo', s, me)   # S/dP GEMMs issued
             turn_end(False)
             yield None  # math
-            yield lambda: ds_empty[s].ready(par ^ 1)
+            if mutate != 'no_ds_empty_wait':
+                yield lambda: ds_empty[s].ready(par ^ 1)
             write('ds', s); ds[s][wg] = t; ds_full[s].arrive()
-            yield None  # dV/dK, wait<0>
+            if v8 and t >= 1:  # dK issued; dQ GEMM of tile t-1 behind it, one wait<0> for all
+                b1, p1 = t1 = ((t - 1) & 1, ((t - 1) >> 1) & 1)
+                yield lambda: ds_full[b1].ready(p1)
+                assert ds[b1] == [t - 1, t - 1], (ds[b1], t - 1)
+                rd_begin('ds', b1, me)
+            yield None  # dV/dK (v8: + dQ), wait<0>
             rd_end('qdo', s, me); empty[s].arrive()
+            if v8 and t >= 1:
+                rd_end('ds', b1, me)
+                yield from put(b1, p1, t - 1, mutate != 'no_ds_empty_arrive')
             if t == T - 1: break
             t += 1
         yield turn_begin()
-        for u in (t - 1, t):
+        for u in ((t,) if v8 else (t - 1, t)):
             if u >= 0:
                 b, p = yield from dq(u)
                 yield from put(b, p, u, False)
@@ -107,8 +119,19 @@ def run(T, seed):
     for x in full + empty + dq_full + dq_empty + ds_full + ds_empty: assert x.pend == 0
     return steps
 
-n = 0
-for T in range(1, 12):
-    for seed in range(3000):
-        run(T, seed); n += 1
-print("ok", n, "random interleavings, T = 1..11")
+for v8 in (False, True):
+    n = 0
+    for T in range(1, 12):
+        for seed in range(3000):
+            run(T, seed, v8); n += 1
+    print("ok", "variant 8" if v8 else "variant 5", n, "random interleavings, T = 1..11")
+# mutations of variant 8 must be caught (deadlock, overwrite during a read, or a wrong tile)
+for mut in ('no_ds_empty_wait', 'no_ds_empty_arrive'):
+    caught = False
+    for T in range(1, 8):
+        for seed in range(300):
+            try: run(T, seed, True, mut)
+            except (AssertionError, RuntimeError): caught = True; break
+        if caught: break
+    assert caught, mut
+    print("mutation caught:", mut)
