@@ -35,6 +35,21 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     if (err) *err = "flashmask sm90 forward: variant 8 (exp2 split) is compiled for d=64 and d=128 only";
     return cudaErrorInvalidValue;
   }
+  if (p.variant == 9) {
+    // Variant 3's kernel (persistent grid, bounds staged in smem) with the main loop's wait for the
+    // previous PV GEMM pinned below the softmax exponentials (pin_wait_below; inst/*_pw.cu).
+    FwdParams p3 = p;
+    p3.variant = 3;
+    const bool bf16_9 = p.dtype == DType::kBF16;
+    if (p.d == 64)
+      return bf16_9 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, 0, true>(p3, stream, err)
+                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, 0, true>(p3, stream, err);
+    if (p.d == 128)
+      return bf16_9 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, 0, true>(p3, stream, err)
+                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, 0, true>(p3, stream, err);
+    if (err) *err = "flashmask sm90 forward: variant 9 (pinned PV wait) is compiled for d=64 and d=128 only";
+    return cudaErrorInvalidValue;
+  }
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.variant < 2 || p.variant > 6) {
     if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 6)";
