@@ -498,36 +498,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
   };
-  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
-  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
-  auto put_dq = [&](int buf, int par, int64_t off) {
-    int ctid_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
-                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
-      if (dq_store) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-        }
-      }
-      pp_fence_async_smem();
-      pp_arrive(&ss.dq_full[buf]);
-    } else if (dq_store) {
-      float* dqa = a.dq_accum + off;
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
-    }
-  };
-
-  // Variant 8: put_dq for an accumulator that is local to the math block (a loop-carried tdQrdQ
-  // stays live through the S / dP section at the ptxas level: C7512 and 504 B of spills).
+  // dQ tile `acc` of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer
+  // warp's smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
+  // Variant 8 passes an accumulator local to its math block (a loop-carried tdQrdQ stays live
+  // through the S / dP section at the ptxas level: C7512 and 504 B of spills).
   auto put_dq_acc = [&](auto& acc, int buf, int par, int64_t off) {
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
@@ -553,6 +527,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
   };
+
+  auto put_dq = [&](int buf, int par, int64_t off) { put_dq_acc(tdQrdQ, buf, par, off); };
 
   if (have) {
     pp_wait(&ss.kv_full, 0);
