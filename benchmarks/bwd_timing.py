@@ -119,6 +119,14 @@ def main():
     a = ap.parse_args()
     dtype = jnp.bfloat16
     rows = []
+
+    def emit(r):  # print the row; rewrite --json after every row (a cut run keeps what it timed)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+
     for S in a.seqs:
         B = max(1, a.tokens // S)
         H, d = a.heads, a.d
@@ -159,8 +167,7 @@ def main():
                                 print(f"CHECK FAILED S={S} {name} {tag} vs {first[det][0]}: "
                                       f"{r['check']}", flush=True)
                         del g
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    emit(r)
                 except Exception as e:  # noqa: BLE001
                     print(f"ours S={S} {name} {tag}: FAILED {e}", flush=True)
             if a.portable:
@@ -171,8 +178,7 @@ def main():
                     t, tmin = timeit(fx, q, k, v, bounds, out, lse, do, iters=a.iters)
                     r = dict(impl="xla_portable_bwd", S=S, B=B, H=H, d=d, mask=name, rho=rho,
                              ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    emit(r)
                 except Exception as e:  # noqa: BLE001
                     print(f"portable S={S} {name}: FAILED {e}", flush=True)
             del out, lse, first
@@ -189,17 +195,13 @@ def main():
                     t = tfb - tf
                     r = dict(impl="cudnn_bwd", S=S, B=B, H=H, d=d, mask=name, rho=rho, ms=t * 1e3,
                              ms_fwd_bwd=tfb * 1e3, tflops_fm=flops / t / 1e12)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    emit(r)
                 except Exception as e:  # noqa: BLE001
                     print(f"cudnn {name} S={S}: FAILED {e}", flush=True)
         del q, k, v, do
     print("\nimpl                        S      mask       ms      TFLOP/s")
     for r in rows:
         print(f"{r['impl']:26s} {r['S']:6d} {r['mask']:9s} {r['ms']:8.2f} {r['tflops_fm']:8.1f}")
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,14 @@ def main():
     a = ap.parse_args()
     dtype = jnp.dtype(a.dtype)
     rows = []
+
+    def emit(r):  # print the row; rewrite --json after every row (a cut run keeps what it timed)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+
     for S in a.seqs:
         B = max(1, a.tokens // S)
         H, d = a.heads, a.d
@@ -77,8 +85,7 @@ def main():
                 r = dict(impl=f"flashmask_sm90_v{var}" + (f"_m{a.sm_margin}" if a.sm_margin else ""), S=S, B=B, H=H, d=d, mask=name, rho=rho,
                          visible=vis, ms=t * 1e3, tflops_fm=flops_fm / t / 1e12,
                          tflops_exact=flops_exact / t / 1e12)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+                emit(r)
             if a.cudnn and name in ("full", "causal", "sliding_window"):
                 kw = dict(is_causal=name != "full", implementation="cudnn")
                 if name == "sliding_window":  # the window the vectors hold: LTS[0] = w + 1
@@ -88,14 +95,10 @@ def main():
                     t = timeit(g, q, k, v, iters=a.iters)
                     r = dict(impl="cudnn", S=S, B=B, H=H, d=d, mask=name, rho=rho, visible=vis,
                              ms=t * 1e3, tflops_fm=flops_fm / t / 1e12, tflops_exact=flops_exact / t / 1e12)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                    emit(r)
                 except Exception as e:  # noqa: BLE001
                     print(f"cudnn {name} S={S}: FAILED {e}", flush=True)
         del q, k, v
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
 
 
 if __name__ == "__main__":
