@@ -543,6 +543,23 @@ def _assert_equal(x, y, msg):
                                   err_msg=msg)
 
 
+def _assert_bitwise_like_v5(args, kw, msg):
+    """The backward with `kw` against variant 5 on `args` = (q, k, v, bounds, out, lse, do, dlse),
+    default (both dQ modes) and deterministic mode: dK/dV bitwise equal always, dQ bitwise in
+    deterministic mode and within 1e-3 in the default mode (fp32 summation order)."""
+    for det in (False, True):
+        for mode in ((1, 0) if not det else (1,)):
+            r5 = _bwd(*args, scale=0.1, dq_mode=mode, deterministic=det, variant=5)
+            r = _bwd(*args, scale=0.1, dq_mode=mode, deterministic=det, **kw)
+            m = f"{msg} det={det} dq_mode={mode}"
+            for i, (x, y) in enumerate(zip(r5, r)):
+                if i == 0 and not det:
+                    assert _relerr(np.asarray(y.astype(jnp.float32)),
+                                   np.asarray(x.astype(jnp.float32), np.float64)) < 1e-3, m
+                    continue
+                _assert_equal(x, y, f"output {i} {m}")
+
+
 @pytest.mark.parametrize("margin", [0, 129])
 @pytest.mark.parametrize("case", ["random_gqa", "causal_ragged", "empty_items", "many_heads"])
 def test_variant6_bitwise_equals_variant5(case, margin):
@@ -571,19 +588,8 @@ def test_variant6_bitwise_equals_variant5(case, margin):
     bj = jnp.asarray(b)
     dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
     out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    for det in (False, True):
-        for mode in ((1, 0) if not det else (1,)):
-            r5 = _bwd(q, k, v, bj, out, lse, do, dlse, scale=0.1, dq_mode=mode, deterministic=det,
-                      variant=5)
-            r6 = _bwd(q, k, v, bj, out, lse, do, dlse, scale=0.1, dq_mode=mode, deterministic=det,
-                      variant=6, sm_margin=margin)
-            msg = f"case={case} margin={margin} det={det} dq_mode={mode}"
-            for i, (x, y) in enumerate(zip(r5, r6)):
-                if i == 0 and not det:
-                    assert _relerr(np.asarray(y.astype(jnp.float32)),
-                                   np.asarray(x.astype(jnp.float32), np.float64)) < 1e-3, msg
-                    continue
-                _assert_equal(x, y, f"output {i} {msg}")
+    _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=6, sm_margin=margin),
+                            f"case={case} margin={margin}")
     if case == "many_heads":  # (the float64 reference of 16 x 8192 x 640 is too slow here)
         return
     # and against the float64 reference (fully masked rows: exact zeros)
@@ -619,19 +625,7 @@ def test_variant8_bitwise_equals_variant5(case, d):
     bj = jnp.asarray(b)
     dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
     out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    for det in (False, True):
-        for mode in ((1, 0) if not det else (1,)):
-            r5 = _bwd(q, k, v, bj, out, lse, do, dlse, scale=0.1, dq_mode=mode, deterministic=det,
-                      variant=5)
-            r8 = _bwd(q, k, v, bj, out, lse, do, dlse, scale=0.1, dq_mode=mode, deterministic=det,
-                      variant=8)
-            msg = f"case={case} d={d} det={det} dq_mode={mode}"
-            for i, (x, y) in enumerate(zip(r5, r8)):
-                if i == 0 and not det:
-                    assert _relerr(np.asarray(y.astype(jnp.float32)),
-                                   np.asarray(x.astype(jnp.float32), np.float64)) < 1e-3, msg
-                    continue
-                _assert_equal(x, y, f"output {i} {msg}")
+    _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=8), f"case={case} d={d}")
 
 
 def test_sm_margin_identical_results():
