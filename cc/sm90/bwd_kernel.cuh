@@ -28,6 +28,7 @@
 #include "fwd_kernel.cuh"  // wgmma_gemm, fast_exp2, CuTe / CUTLASS includes
 #include "bwd_launch.cuh"
 
+#include <tuple>
 #include <type_traits>
 
 namespace jfm::sm90 {
@@ -1187,6 +1188,74 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
+// Host side shared by the backward launchers (launch_bwd_impl here, launch_bwd_d256_impl in
+// bwd_d256_kernel.cuh). The workspaces the main kernel reads, in stream order: block metadata
+// (at T::Bn keys), row statistics, the zeroed fp32 dQ accumulator and (deterministic) ordering bits.
+template <class T>
+cudaError_t bwd_prepare_workspaces(const BwdParams& p, int mblk, int sq_pad, int sem_words,
+                                   cudaStream_t stream) {
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, T::Bn, stream);
+  if (e != cudaSuccess) return e;
+  e = bwd_prep_sm90(p, sq_pad, stream);
+  if (e != cudaSuccess) return e;
+  e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * T::D, stream);
+  if (e != cudaSuccess) return e;
+  if (p.deterministic)
+    e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
+  return e;
+}
+
+// TMA descriptors of Q, dO ([Bm, D] boxes of T::SmemLayoutQ) and K, V ([Bn, D] boxes of
+// T::SmemLayoutK), as a tuple (q, do, k, v).
+template <class T>
+auto bwd_tma_copies(const BwdParams& p) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bm = T::Bm, Bn = T::Bn;
+  auto qstride = make_stride((int64_t)p.N * D, _1{}, (int64_t)D, (int64_t)p.Sq * p.N * D);
+  auto kstride = make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D);
+  Tensor mQ = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.q)),
+                          make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mdO = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.dout)),
+                           make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mK = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.k)),
+                          make_shape(p.Sk, D, p.K, p.B), kstride);
+  Tensor mV = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.v)),
+                          make_shape(p.Sk, D, p.K, p.B), kstride);
+  return std::make_tuple(
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
+                    Shape<Int<Bm>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}),
+                    Shape<Int<Bm>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, Shape<Int<Bn>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, Shape<Int<Bn>, Int<D>>{}, _1{}));
+}
+
+// Kernel arguments common to every backward kernel (the persistent scheduler fields cleared).
+inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int sem_words) {
+  BwdArgs a;
+  a.bounds = p.bounds;
+  a.meta = p.meta;
+  a.lse2 = p.rowstats;
+  a.delta = p.rowstats + (int64_t)p.B * p.N * sq_pad;
+  a.dq_accum = p.dq_accum;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.B = p.B; a.Sq = p.Sq; a.Sk = p.Sk; a.N = p.N; a.K = p.K; a.Hm = p.Hm;
+  a.nblk = nblk; a.mblk = mblk; a.sq_pad = sq_pad;
+  a.heads_per_kv = p.N / p.K;
+  a.heads_per_mask = p.N / p.Hm;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
+  a.deterministic = p.deterministic ? 1 : 0;
+  a.dq_sem = p.dq_sem;
+  a.sem_words = sem_words;
+  a.sched = nullptr;
+  a.items_total = 0;
+  a.sec_heads = 1;
+  return a;
+}
+
 template <class T>
 cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
   using Elem = typename T::Elem;
@@ -1226,57 +1295,13 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
   const size_t smem = sizeof(typename T::SharedStorage);
 
-  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
+  cudaError_t e = bwd_prepare_workspaces<T>(p, mblk, sq_pad, sem_words, stream);
   if (e != cudaSuccess) return e;
-  e = bwd_prep_sm90(p, sq_pad, stream);
-  if (e != cudaSuccess) return e;
-  e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * D, stream);
-  if (e != cudaSuccess) return e;
-  if (p.deterministic) {
-    e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
-    if (e != cudaSuccess) return e;
-  }
-
-  const Elem* q = reinterpret_cast<const Elem*>(p.q);
-  const Elem* dout = reinterpret_cast<const Elem*>(p.dout);
-  const Elem* k = reinterpret_cast<const Elem*>(p.k);
-  const Elem* v = reinterpret_cast<const Elem*>(p.v);
-  auto qstride = make_stride((int64_t)p.N * D, _1{}, (int64_t)D, (int64_t)p.Sq * p.N * D);
-  auto kstride = make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D);
-  Tensor mQ = make_tensor(make_gmem_ptr(q), make_shape(p.Sq, D, p.N, p.B), qstride);
-  Tensor mdO = make_tensor(make_gmem_ptr(dout), make_shape(p.Sq, D, p.N, p.B), qstride);
-  Tensor mK = make_tensor(make_gmem_ptr(k), make_shape(p.Sk, D, p.K, p.B), kstride);
-  Tensor mV = make_tensor(make_gmem_ptr(v), make_shape(p.Sk, D, p.K, p.B), kstride);
-  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
-                             Shape<Int<Bm>, Int<D>>{}, _1{});
-  auto tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}),
-                              Shape<Int<Bm>, Int<D>>{}, _1{});
-  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{},
-                             Shape<Int<Bn>, Int<D>>{}, _1{});
-  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{},
-                             Shape<Int<Bn>, Int<D>>{}, _1{});
-
-  BwdArgs a;
-  a.bounds = p.bounds;
-  a.meta = p.meta;
-  a.lse2 = p.rowstats;
-  a.delta = p.rowstats + (int64_t)p.B * p.N * sq_pad;
-  a.dq_accum = p.dq_accum;
-  a.dk = p.dk;
-  a.dv = p.dv;
-  a.B = p.B; a.Sq = p.Sq; a.Sk = p.Sk; a.N = p.N; a.K = p.K; a.Hm = p.Hm;
-  a.nblk = nblk; a.mblk = mblk; a.sq_pad = sq_pad;
-  a.heads_per_kv = p.N / p.K;
-  a.heads_per_mask = p.N / p.Hm;
-  a.scale = p.scale;
-  a.scale_log2 = p.scale * 1.4426950408889634f;
-  a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
-  a.deterministic = p.deterministic ? 1 : 0;
-  a.dq_sem = p.dq_sem;
-  a.sem_words = sem_words;
-  a.sched = nullptr;
+  const auto tmas = bwd_tma_copies<T>(p);
+  auto tma_q = std::get<0>(tmas), tma_do = std::get<1>(tmas);
+  auto tma_k = std::get<2>(tmas), tma_v = std::get<3>(tmas);
+  BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
   a.items_total = (int)std::min<int64_t>(items_total, INT32_MAX);
-  a.sec_heads = 1;
 
   auto kernel = [&]() {
     if constexpr (T::kPersist)
