@@ -128,9 +128,12 @@ def main():
     ap.add_argument("--overlap-margin", default=None,
                     help="ring-pruned only: sm_margin of the pieces that overlap a transfer, FWD[,BWD] "
                          "(e.g. 8,0 = forward only); the last piece keeps --sm-margin")
-    ap.add_argument("--schedule-hints", action="store_true",
+    ap.add_argument("--schedule-hints", nargs="?", const="both", default=False,
+                    choices=["both", "forward", "backward"],
                     help="ring-pruned only: XLA scheduling groups pin each transfer around the kernel it "
-                         "should overlap (context_parallel_attention(schedule_hints=True))")
+                         "should overlap (context_parallel_attention(schedule_hints=...)); no value = both")
+    ap.add_argument("--no-skip-masked", action="store_true",
+                    help="ring-pruned only: run fully masked remote pieces (no lax.cond around them)")
     ap.add_argument("--autodiff-merge", action="store_true",
                     help="ring-pruned only: differentiate the lse merge (piece_vjp=False, the old path)")
     ap.add_argument("--seed", type=int, default=0)
@@ -151,7 +154,7 @@ def main():
     env = dict(devices=f"{P} x {dev0.device_kind}", jax=jax.__version__, H=H, K=K, d=D, dtype=a.dtype,
                chunks_per_rank=m, implementation=a.implementation, sm_margin=a.sm_margin,
                overlap_margin=a.overlap_margin, schedule_hints=a.schedule_hints,
-               piece_vjp=not a.autodiff_merge,
+               skip_masked=not a.no_skip_masked, piece_vjp=not a.autodiff_merge,
                xla_flags=os.environ.get("XLA_FLAGS", ""), nccl_nvls=os.environ.get("NCCL_NVLS_ENABLE"))
     print("env:", env, flush=True)
     rows = []
@@ -170,7 +173,7 @@ def main():
         om = tuple(int(x) for x in a.overlap_margin.split(","))
         om = om[0] if len(om) == 1 else om
     pruned_kwargs = dict(overlap_sm_margin=om, schedule_hints=a.schedule_hints,
-                         piece_vjp=not a.autodiff_merge)
+                         piece_vjp=not a.autodiff_merge, skip_masked=not a.no_skip_masked)
     for L in [int(x) for x in a.tokens_per_device.split(",")]:
         S = P * L
         kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(a.seed), 4)

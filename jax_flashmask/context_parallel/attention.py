@@ -155,7 +155,7 @@ def local_context_parallel_attention(
     schedule: Schedule | None = None, nodes: int | None = None, scale=None,
     return_residual: bool = False, implementation=None, skip_masked: bool = True,
     attention_fn=None, attention_kwargs=None, scan_unroll: int | bool = 1,
-    overlap_sm_margin=None, schedule_hints: bool = False, piece_vjp: bool = True,
+    overlap_sm_margin=None, schedule_hints: bool | str = False, piece_vjp: bool = True,
 ):
     """Per-rank body: call inside ``shard_map`` (or use `context_parallel_attention` with `mesh`).
 
@@ -195,6 +195,7 @@ def local_context_parallel_attention(
         bounds = canonical_bounds(ind, causal=causal, q_len=s)
     loc = localize_rows(bounds, my_chunks, c)  # [B, Hm, 4, S]: rows localized, columns global
     kw = dict(scale=scale, implementation=implementation, skip_masked=skip_masked, extra=extra)
+    _hint_directions(schedule_hints)  # validate early
     if (overlap_sm_margin is not None or schedule_hints) and (
             schedule is None or comm not in ("ring", "hierarchical")):
         raise ValueError("overlap_sm_margin / schedule_hints apply to comm='ring'|'hierarchical' "
@@ -208,7 +209,7 @@ def local_context_parallel_attention(
         fused = dict(implementation=attention_mod._choose(implementation, query), scale=scale,
                      head_dim=d, deterministic=bool(extra.get("deterministic", False)),
                      base_margin=int(extra.get("sm_margin", 0)), overlap_margin=overlap_sm_margin,
-                     hints=bool(schedule_hints))
+                     hints=_hint_directions(schedule_hints))
     elif overlap_sm_margin is not None or schedule_hints:
         raise ValueError("overlap_sm_margin / schedule_hints need the library's own attention "
                          "(attention_fn=None, attention_kwargs within {sm_margin, deterministic}, "
@@ -301,6 +302,16 @@ def _empty_acc(q, v, *refs):
             _match_vma(jnp.full((b, lq, n), -jnp.inf, jnp.float32), q, v, *refs))
 
 
+def _hint_directions(schedule_hints):
+    """``schedule_hints`` -> (forward, backward) flags: True / "both", "forward", "backward", False."""
+    table = {False: (False, False), None: (False, False), True: (True, True), "both": (True, True),
+             "forward": (True, False), "backward": (False, True)}
+    if not isinstance(schedule_hints, (bool, str, type(None))) or schedule_hints not in table:
+        raise ValueError(f"schedule_hints must be False, True, 'both', 'forward' or 'backward', "
+                         f"got {schedule_hints!r}")
+    return table[schedule_hints]
+
+
 def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, single_call=False,
                fused=None):
     """Unrolled direct sends of a static `Schedule` (one ppermute per chunk slot and round).
@@ -321,13 +332,16 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
     kv = kv_local.reshape((2, b, m, c) + k.shape[2:])  # [2, B, m, C, K, d]
     slot = lambda i: kv[:, :, i]  # noqa: E731
     bufs = {}
-    hints = bool(fused and fused["hints"]) and sched.kind == "ring" and not single_call
+    hint_dirs = fused["hints"] if fused and sched.kind == "ring" and not single_call else (False, False)
+    hints = any(hint_dirs)
     consumer = {}  # transfer id -> index of the piece that consumes it (ring: exactly one)
     for pi, piece in enumerate(sched.pieces):
         for tid in piece.slots:
             if tid >= 0:
                 consumer.setdefault(tid, pi)
-    group = lambda pi: (str(2 * pi - 1), str(2 * pi))  # noqa: E731  (fwd, bwd) ids of piece pi-1's overlap
+
+    def group(pi):  # (fwd, bwd) scheduling-group ids of piece pi-1's overlap (None: no hint)
+        return (str(2 * pi - 1) if hint_dirs[0] else None, str(2 * pi) if hint_dirs[1] else None)
 
     def get(tid):
         if tid not in bufs:
@@ -393,7 +407,7 @@ def context_parallel_attention(
     comm: str = "allgather", schedule: Schedule | None = None, nodes: int | None = None,
     batch_axis=None, scale=None, return_residual: bool = False, implementation=None,
     skip_masked: bool = True, attention_fn=None, attention_kwargs=None,
-    scan_unroll: int | bool = 1, overlap_sm_margin=None, schedule_hints: bool = False,
+    scan_unroll: int | bool = 1, overlap_sm_margin=None, schedule_hints: bool | str = False,
     piece_vjp: bool = True,
 ):
     """Context-parallel `jax_flashmask.attention`.
@@ -432,6 +446,7 @@ def context_parallel_attention(
         (``_scheduling_group_id``) on each piece's kernels and on the transfers that should
         overlap them (forward: the next piece's K/V; backward: the next piece's dK/dV), so the
         latency-hiding scheduler issues each transfer before that kernel and waits after it.
+        True / "both", or "forward" / "backward" for one direction only.
       piece_vjp: scheduled ring/hierarchical with the library's kernels: merge the pieces inside
         one custom VJP whose backward runs every piece on the final out/lse (`pieces`); False
         differentiates the lse merge instead (the pre-2026-12 path; for comparisons).
