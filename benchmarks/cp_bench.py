@@ -59,7 +59,11 @@ from jax_flashmask import context_parallel as cp  # noqa: E402
 COMMS = ("allgather", "ring", "ring-pruned")
 
 
-def timeit(f, *args, iters=10, warmup=2):
+WARMUP = 2  # calls before timing (--warmup; with JAX_ENABLE_PGLE the profiled runs + the recompile)
+
+
+def timeit(f, *args, iters=10, warmup=None):
+    warmup = WARMUP if warmup is None else warmup
     for _ in range(warmup):
         jax.block_until_ready(f(*args))
     ts = []
@@ -136,11 +140,16 @@ def main():
                     help="ring-pruned only: run fully masked remote pieces (no lax.cond around them)")
     ap.add_argument("--autodiff-merge", action="store_true",
                     help="ring-pruned only: differentiate the lse merge (piece_vjp=False, the old path)")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed calls per program (with JAX_ENABLE_PGLE=true: > JAX_PGLE_PROFILING_RUNS, "
+                         "so the timed calls run the profile-guided recompile)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit-s", type=float, default=0, help="stop starting new cases after this")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--out-prefix", default=None)
     a = ap.parse_args()
+    global WARMUP
+    WARMUP = a.warmup
     t_start = time.time()
     impl = None if a.implementation in ("", "none", "None") else a.implementation
 
@@ -155,7 +164,9 @@ def main():
                chunks_per_rank=m, implementation=a.implementation, sm_margin=a.sm_margin,
                overlap_margin=a.overlap_margin, schedule_hints=a.schedule_hints,
                skip_masked=not a.no_skip_masked, piece_vjp=not a.autodiff_merge,
-               xla_flags=os.environ.get("XLA_FLAGS", ""), nccl_nvls=os.environ.get("NCCL_NVLS_ENABLE"))
+               xla_flags=os.environ.get("XLA_FLAGS", ""),
+               pgle=os.environ.get("JAX_ENABLE_PGLE", ""), pgle_runs=os.environ.get("JAX_PGLE_PROFILING_RUNS", ""),
+               warmup=a.warmup, nccl_nvls=os.environ.get("NCCL_NVLS_ENABLE"))
     print("env:", env, flush=True)
     rows = []
     prefix = a.out_prefix or f"cp_{P}x_{time.strftime('%Y-%m-%d')}"
