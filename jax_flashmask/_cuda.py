@@ -27,7 +27,7 @@ SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadata workspace
 
 # Compiled forward kernel variants (cc/sm90/fwd_dispatch.cu; 2-6 are one kernel chosen at run
-# time, 8 has its own instantiations; history in benchmarks/NOTES.md):
+# time; history in benchmarks/NOTES.md):
 #   2: producer warp + 2 consumer warpgroups (128-row tiles), FA3-style softmax/GEMM overlap inside a
 #      warpgroup and GEMM ping-pong between the two; one CTA per query tile;
 #   3: variant 2's kernel on a persistent grid (one CTA per SM) taking tiles from a global atomic
@@ -37,30 +37,16 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
 #      issued before the current tile's last PV GEMM is waited for, and the current tile's
 #      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks);
-#   8: variant 3 with 3 of every 16 softmax exponentials computed on the FMA pipe
-#      (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error 8.6e-5) instead of
-#      MUFU ex2, to unload the MUFU pipe at d = 64; d = 64 and 128 only, its own instantiations
-#      (benchmarks/NOTES.md, "Variant 8"; built and checked on the CPU only so far, not yet run on
-#      a GPU).
-#   9: variant 3 with the main loop's wait for the previous PV GEMM kept below the softmax
-#      exponentials in the SASS (ptxas hoists it above them in 3; benchmarks/NOTES.md, "Variant 9"),
-#      so a warpgroup's exponentials run under its own PV GEMM; d = 64 and 128 only, its own
-#      instantiations (built and checked on the CPU only so far, not yet run on a GPU).
 # Measured and removed: 1 (one consumer warpgroup), 7 (key blocks of 176: run B +0.4 % on full 8K,
-# -2..-22 % elsewhere).
-# The persistent variants (3, 5, 6, 8, 9) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM wait
+# pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
+# The persistent variants (3, 5, 6) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
-EXP_SPLIT_VARIANT = 8
-EXP_SPLIT_HEAD_DIMS = (64, 128)  # head dims variant 8 is compiled for
-PIN_WAIT_VARIANT = 9
-PIN_WAIT_HEAD_DIMS = (64, 128)  # head dims variant 9 is compiled for
-_LIMITED_HEAD_DIMS = {EXP_SPLIT_VARIANT: EXP_SPLIT_HEAD_DIMS, PIN_WAIT_VARIANT: PIN_WAIT_HEAD_DIMS}
-VARIANTS = (2, 3, 4, 5, 6, EXP_SPLIT_VARIANT, PIN_WAIT_VARIANT)
+VARIANTS = (2, 3, 4, 5, 6)
 DEFAULT_VARIANT = 3
-TESTED_VARIANTS = (2, 3, 4, 6, EXP_SPLIT_VARIANT, PIN_WAIT_VARIANT)  # run on every case of
-# tests/gpu/test_cuda_forward.py (variants 8 and 9 where supported: d = 64, 128)
+TESTED_VARIANTS = (2, 3, 4, 6)  # run on every case of tests/gpu/test_cuda_forward.py
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -157,12 +143,7 @@ def _check_problem(q, k, v, bounds):
 
 def variant_supported(variant: int, dtype, head_dim: int) -> bool:
     """Whether forward kernel `variant` is compiled for (dtype, head_dim) (dtype bf16/fp16)."""
-    variant, head_dim = int(variant), int(head_dim)
-    if variant in _LIMITED_HEAD_DIMS:
-        return head_dim in _LIMITED_HEAD_DIMS[variant]
-    if variant not in VARIANTS:
-        return False
-    return head_dim in SUPPORTED_HEAD_DIMS
+    return int(variant) in VARIANTS and int(head_dim) in SUPPORTED_HEAD_DIMS
 
 
 def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_margin: int = 0):
@@ -172,7 +153,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 8, 9; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
@@ -185,10 +166,6 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
-    if variant in _LIMITED_HEAD_DIMS and d not in _LIMITED_HEAD_DIMS[variant]:
-        what = "exp2 split" if variant == EXP_SPLIT_VARIANT else "pinned PV wait"
-        raise NotImplementedError(
-            f"kernel variant {variant} ({what}) is compiled for d in {_LIMITED_HEAD_DIMS[variant]} only")
     nblk = -(-Sk // _META_BLOCK)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
