@@ -236,7 +236,8 @@ DEFAULT_BWD_DQ_MODE = 1
 #      (bitwise equal dK/dV; dQ too in deterministic mode).
 # Measured and removed (NOTES.md): 1 (no warp specialization), 2 (warp specialized, lock-step
 # consumers), 3 (ping-pong, generic-address dS stores), 4 (dK GEMM issued before the dS store,
-# which reads an in-flight wgmma's A registers: not allowed by PTX).
+# which reads an in-flight wgmma's A registers: not allowed by PTX), 8 (5 with the dQ GEMM issued
+# in the math behind dK: equal to 5 within noise on the H200).
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variant 5 launches one CTA per work item and ignores it. variant=None picks variant 6 when
 # sm_margin > 0 (the only one that can leave SMs free), else the default.
@@ -250,12 +251,7 @@ DEFAULT_BWD_DQ_MODE = 1
 #      per tile and warpgroup S^T / dP^T 64 keys x 128 queries, dV / dK 64 x 64, the dQ GEMM split
 #      by query rows between the warpgroups (variant 5 at d = 64 runs it twice). Not yet run on a
 #      GPU (NOTES.md "Variant 7").
-#   8: variant 5 with the dQ GEMM of tile t-1 issued in the math of tile t right behind the dK
-#      GEMM (one wait for dV, dK and dQ) and its fp32 tile stored outside the GEMM turn, which
-#      then holds only the S / dP issue; d = 64 and 128 (d = 256: its own kernel). Same products
-#      in the same order as 5 (dK / dV bitwise equal; dQ too in deterministic mode). Not yet run
-#      on a GPU (NOTES.md "Variant 8 (backward)").
-BWD_VARIANTS = (5, 6, 7, 8)
+BWD_VARIANTS = (5, 6, 7)
 BWD_ROWS128_VARIANT = 7
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers clean; 8K full 445 /
                          # causal 415 / document 369 TFLOP/s, deterministic 424 / 405 / 312;

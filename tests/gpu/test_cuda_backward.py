@@ -597,37 +597,6 @@ def test_variant6_bitwise_equals_variant5(case, margin):
         *a, scale=128 ** -0.5, variant=6, sm_margin=margin))
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("case", ["random_gqa", "causal_ragged", "one_tile", "many_tiles"])
-def test_variant8_bitwise_equals_variant5(case, d):
-    """Variant 8 is variant 5 with the dQ GEMM of tile t-1 issued in the math of tile t (behind
-    the dK GEMM) instead of in the GEMM section of tile t+1: the same dV / dK products in the same
-    order (dK/dV bitwise equal in both modes) and the same per-tile dQ GEMMs reduced in the same
-    ordered way in deterministic mode (dQ bitwise there). one_tile: the tail-only dQ path;
-    many_tiles: every dS / dQ buffer parity many times over."""
-    _need(jnp.bfloat16, d)
-    if not (5 in VARIANTS and 8 in VARIANTS):
-        pytest.skip("variants 5 and 8 not both under test")
-    rng = np.random.default_rng(13)
-    if case == "random_gqa":
-        B, Sq, Sk, N, K = 2, 1100, 1300, 8, 2
-        b = random_bounds(rng, B, 2, Sq, Sk)
-    elif case == "causal_ragged":
-        B, Sq, Sk, N, K = 1, 2000, 1999, 4, 4
-        b = causal_bounds(B, 1, Sq, Sk)
-    elif case == "one_tile":
-        B, Sq, Sk, N, K = 1, 40, 300, 2, 1
-        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.5)
-    else:
-        B, Sq, Sk, N, K = 1, 4096, 256, 4, 2
-        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.5)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    bj = jnp.asarray(b)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=8), f"case={case} d={d}")
-
-
 def test_sm_margin_identical_results():
     """sm_margin only changes how many persistent CTAs share the items: deterministic results are
     bitwise identical for every margin (1 CTA included: margin >= the SM count), dK/dV also in the
