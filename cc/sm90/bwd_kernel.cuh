@@ -11,10 +11,11 @@
 //   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
 //   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
-// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default), 6 =
-// flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a heaviest-first
-// work-item scheduler; the only one that honours sm_margin) and 7 = flashmask_bwd_pp_kernel with
-// 128-row query tiles (BwdTraits Bm_ = 128; d = 64 only): per tile and warpgroup S^T / dP^T are
+// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default at d = 128),
+// 6 = flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a
+// heaviest-first work-item scheduler; the only one that honours sm_margin) and 7 =
+// flashmask_bwd_pp_kernel with 128-row query tiles (BwdTraits Bm_ = 128; d = 64 only, the default
+// there: jax_flashmask/_cuda.py resolve_bwd_variant): per tile and warpgroup S^T / dP^T are
 // 64 keys x 128 queries, dV / dK 64 x 64 over 128 queries, and the dQ GEMM is split between the
 // warpgroups by query rows (no duplicated GEMM, unlike variant 5 at d = 64). Variants 1-4 (the
 // 2026-11-29/30 steps towards 5: no warp specialization, warp specialization without ping-pong,
