@@ -1,7 +1,5 @@
-"""Protocol model of backward kernel variants 5 and 8 (flashmask_bwd_pp_kernel,
-cc/sm90/bwd_kernel.cuh; the protocol of 5 is variant 3's). Variant 8 moves the dQ GEMM of tile t-1
-into the math of tile t (after this tile's dS store and dK issue; ds_empty arrive and the dQ tile
-store after the one wait<0>) and leaves only the S / dP issue in the GEMM turn.
+"""Protocol model of backward kernel variant 5 (flashmask_bwd_pp_kernel, cc/sm90/bwd_kernel.cuh;
+variant 7 is the same kernel with 128-row query tiles).
 Agents: producer (TMA warp), dQ-writer warp, consumer warpgroups 0 and 1, run in random
 interleavings (CPU only, no CUDA). Checks deadlock freedom, that every buffer read (Q/dO stage, dS
 tile, dQ tile) sees the right tile and is never overwritten while a read is in flight, and that
@@ -23,7 +21,7 @@ class NBar:  # named barrier, 2 warpgroups
         assert s.arr <= 2
         if s.arr == 2: s.arr, s.gen = 0, s.gen + 1
 
-def run(T, seed, v8=False, mutate=None):
+def run(T, seed, mutate=None):
     rnd = random.Random(seed)
     full = [MBar(1) for _ in range(2)]; empty = [MBar(2) for _ in range(2)]
     dq_full = [MBar(2) for _ in range(2)]; dq_empty = [MBar(1) for _ in range(2)]
@@ -73,9 +71,9 @@ def run(T, seed, v8=False, mutate=None):
         while True:
             s, par = t & 1, (t >> 1) & 1
             yield turn_begin()
-            if not v8 and t >= 2:
+            if t >= 2:
                 b, p = yield from dq(t - 2)
-                yield from put(b, p, t - 2, True)
+                yield from put(b, p, t - 2, mutate != 'no_ds_empty_arrive')
             yield lambda: full[s].ready(par)
             assert qdo[s] == t
             rd_begin('qdo', s, me)   # S/dP GEMMs issued
@@ -84,20 +82,12 @@ def run(T, seed, v8=False, mutate=None):
             if mutate != 'no_ds_empty_wait':
                 yield lambda: ds_empty[s].ready(par ^ 1)
             write('ds', s); ds[s][wg] = t; ds_full[s].arrive()
-            if v8 and t >= 1:  # dK issued; dQ GEMM of tile t-1 behind it, one wait<0> for all
-                b1, p1 = t1 = ((t - 1) & 1, ((t - 1) >> 1) & 1)
-                yield lambda: ds_full[b1].ready(p1)
-                assert ds[b1] == [t - 1, t - 1], (ds[b1], t - 1)
-                rd_begin('ds', b1, me)
-            yield None  # dV/dK (v8: + dQ), wait<0>
+            yield None  # dV/dK, wait<0>
             rd_end('qdo', s, me); empty[s].arrive()
-            if v8 and t >= 1:
-                rd_end('ds', b1, me)
-                yield from put(b1, p1, t - 1, mutate != 'no_ds_empty_arrive')
             if t == T - 1: break
             t += 1
         yield turn_begin()
-        for u in ((t,) if v8 else (t - 1, t)):
+        for u in (t - 1, t):
             if u >= 0:
                 b, p = yield from dq(u)
                 yield from put(b, p, u, False)
@@ -119,18 +109,17 @@ def run(T, seed, v8=False, mutate=None):
     for x in full + empty + dq_full + dq_empty + ds_full + ds_empty: assert x.pend == 0
     return steps
 
-for v8 in (False, True):
-    n = 0
-    for T in range(1, 12):
-        for seed in range(3000):
-            run(T, seed, v8); n += 1
-    print("ok", "variant 8" if v8 else "variant 5", n, "random interleavings, T = 1..11")
-# mutations of variant 8 must be caught (deadlock, overwrite during a read, or a wrong tile)
+n = 0
+for T in range(1, 12):
+    for seed in range(3000):
+        run(T, seed); n += 1
+print("ok", "variant 5", n, "random interleavings, T = 1..11")
+# mutations must be caught (deadlock, overwrite during a read, or a wrong tile)
 for mut in ('no_ds_empty_wait', 'no_ds_empty_arrive'):
     caught = False
     for T in range(1, 8):
         for seed in range(300):
-            try: run(T, seed, True, mut)
+            try: run(T, seed, mut)
             except (AssertionError, RuntimeError): caught = True; break
         if caught: break
     assert caught, mut

@@ -151,7 +151,8 @@ def main():
                             margin=margin: _bwd(q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode,
                                                 deterministic=bool(det), variant=variant,
                                                 sm_margin=margin))
-                tag = (f"flashmask_bwd_v{variant or _cuda.DEFAULT_BWD_VARIANT}"
+                vr = variant if variant is not None else _cuda.resolve_bwd_variant(None, d, margin)
+                tag = (f"flashmask_bwd_v{vr}"
                        f"{'_det' if det else ''}_dq{mode}{f'_m{margin}' if margin else ''}")
                 try:
                     t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)

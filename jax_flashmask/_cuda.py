@@ -27,7 +27,7 @@ SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadata workspace
 
 # Compiled forward kernel variants (cc/sm90/fwd_dispatch.cu; 2-6 are one kernel chosen at run
-# time, 8 has its own instantiations; history in benchmarks/NOTES.md):
+# time; history in benchmarks/NOTES.md):
 #   2: producer warp + 2 consumer warpgroups (128-row tiles), FA3-style softmax/GEMM overlap inside a
 #      warpgroup and GEMM ping-pong between the two; one CTA per query tile;
 #   3: variant 2's kernel on a persistent grid (one CTA per SM) taking tiles from a global atomic
@@ -37,30 +37,16 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
 #      issued before the current tile's last PV GEMM is waited for, and the current tile's
 #      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks);
-#   8: variant 3 with 3 of every 16 softmax exponentials computed on the FMA pipe
-#      (cc/sm90/exp2_fma.h: range reduction + degree-3 polynomial, relative error 8.6e-5) instead of
-#      MUFU ex2, to unload the MUFU pipe at d = 64; d = 64 and 128 only, its own instantiations
-#      (benchmarks/NOTES.md, "Variant 8"; built and checked on the CPU only so far, not yet run on
-#      a GPU).
-#   9: variant 3 with the main loop's wait for the previous PV GEMM kept below the softmax
-#      exponentials in the SASS (ptxas hoists it above them in 3; benchmarks/NOTES.md, "Variant 9"),
-#      so a warpgroup's exponentials run under its own PV GEMM; d = 64 and 128 only, its own
-#      instantiations (built and checked on the CPU only so far, not yet run on a GPU).
 # Measured and removed: 1 (one consumer warpgroup), 7 (key blocks of 176: run B +0.4 % on full 8K,
-# -2..-22 % elsewhere).
-# The persistent variants (3, 5, 6, 8, 9) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM wait
+# pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
+# The persistent variants (3, 5, 6) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
-EXP_SPLIT_VARIANT = 8
-EXP_SPLIT_HEAD_DIMS = (64, 128)  # head dims variant 8 is compiled for
-PIN_WAIT_VARIANT = 9
-PIN_WAIT_HEAD_DIMS = (64, 128)  # head dims variant 9 is compiled for
-_LIMITED_HEAD_DIMS = {EXP_SPLIT_VARIANT: EXP_SPLIT_HEAD_DIMS, PIN_WAIT_VARIANT: PIN_WAIT_HEAD_DIMS}
-VARIANTS = (2, 3, 4, 5, 6, EXP_SPLIT_VARIANT, PIN_WAIT_VARIANT)
+VARIANTS = (2, 3, 4, 5, 6)
 DEFAULT_VARIANT = 3
-TESTED_VARIANTS = (2, 3, 4, 6, EXP_SPLIT_VARIANT, PIN_WAIT_VARIANT)  # run on every case of
-# tests/gpu/test_cuda_forward.py (variants 8 and 9 where supported: d = 64, 128)
+TESTED_VARIANTS = (2, 3, 4, 6)  # run on every case of tests/gpu/test_cuda_forward.py
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -157,12 +143,18 @@ def _check_problem(q, k, v, bounds):
 
 def variant_supported(variant: int, dtype, head_dim: int) -> bool:
     """Whether forward kernel `variant` is compiled for (dtype, head_dim) (dtype bf16/fp16)."""
-    variant, head_dim = int(variant), int(head_dim)
-    if variant in _LIMITED_HEAD_DIMS:
-        return head_dim in _LIMITED_HEAD_DIMS[variant]
-    if variant not in VARIANTS:
-        return False
-    return head_dim in SUPPORTED_HEAD_DIMS
+    return int(variant) in VARIANTS and int(head_dim) in SUPPORTED_HEAD_DIMS
+
+
+def resolve_variant(variant: int | None) -> int:
+    """The forward kernel variant `forward(..., variant=variant)` runs (None: DEFAULT_VARIANT);
+    ValueError for one that is not compiled. Needs neither the extension nor a GPU."""
+    if variant is None:
+        return DEFAULT_VARIANT
+    if int(variant) not in VARIANTS:
+        raise ValueError(f"unknown forward kernel variant {variant}; valid: "
+                         f"{', '.join(map(str, VARIANTS))}, or None (variant {DEFAULT_VARIANT})")
+    return int(variant)
 
 
 def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_margin: int = 0):
@@ -172,23 +164,17 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 8, 9; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
     mod, reason = _load()
     if mod is None:
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
-    variant = DEFAULT_VARIANT if variant is None else int(variant)
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown kernel variant {variant}; compiled: {VARIANTS}")
+    variant = resolve_variant(variant)
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
-    if variant in _LIMITED_HEAD_DIMS and d not in _LIMITED_HEAD_DIMS[variant]:
-        what = "exp2 split" if variant == EXP_SPLIT_VARIANT else "pinned PV wait"
-        raise NotImplementedError(
-            f"kernel variant {variant} ({what}) is compiled for d in {_LIMITED_HEAD_DIMS[variant]} only")
     nblk = -(-Sk // _META_BLOCK)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -252,40 +238,60 @@ DEFAULT_BWD_DQ_MODE = 1
 #      two consumer warpgroups, 240) with the consumer warpgroups in ping-pong (each tile's dQ GEMM
 #      two tiles later, dS buffers on mbarriers, GEMM issue alternating through named barriers),
 #      row statistics by bulk copy, dS stored on precomputed 32-bit shared addresses; one CTA
-#      per work item (key block, kv head, batch). The default.
+#      per work item (key block, kv head, batch). The default at d = 128.
 #   6: variant 5's per-item code on a persistent grid of num_SMs - sm_margin CTAs taking work
 #      items from a global counter, heaviest key blocks first within L2 sections of heads, the
 #      next item's K/V load under the current item's dK/dV epilogue. Same per-item math as 5
 #      (bitwise equal dK/dV; dQ too in deterministic mode).
+#   7: variant 5's kernel with 128-row query tiles, d = 64 only (ValueError for d = 128; d = 256
+#      runs its own kernel for every variant number): per tile and warpgroup S^T / dP^T 64 keys x
+#      128 queries, dV / dK 64 x 64, the dQ GEMM split by query rows between the warpgroups
+#      (variant 5 at d = 64 runs it twice). The default at d = 64: H200, 8K, B = 16, H = 32:
+#      full 385 / causal 347 / document 287 / sliding_window 161 TFLOP/s against variant 5's
+#      299 / 274 / 235 / 136, dK/dV bitwise equal to 5 (NOTES.md "Variant 7").
 # Measured and removed (NOTES.md): 1 (no warp specialization), 2 (warp specialized, lock-step
 # consumers), 3 (ping-pong, generic-address dS stores), 4 (dK GEMM issued before the dS store,
-# which reads an in-flight wgmma's A registers: not allowed by PTX).
+# which reads an in-flight wgmma's A registers: not allowed by PTX), 8 (5 with the dQ GEMM issued
+# in the math behind dK: equal to 5 within noise on the H200).
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
-# variant 5 launches one CTA per work item and ignores it. variant=None picks variant 6 when
-# sm_margin > 0 (the only one that can leave SMs free), else the default.
+# variants 5 and 7 launch one CTA per work item and ignore it. variant=None (resolve_bwd_variant)
+# picks variant 6 when sm_margin > 0 (the only one that can leave SMs free), at every head dim,
+# else DEFAULT_BWD_VARIANTS[d]: 7 at d = 64, 5 at d = 128 and d = 256.
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-#   7: variant 5's kernel with 128-row query tiles, d = 64 only (ValueError for d = 128; d = 256
-#      runs its own kernel for every variant number):
-#      per tile and warpgroup S^T / dP^T 64 keys x 128 queries, dV / dK 64 x 64, the dQ GEMM split
-#      by query rows between the warpgroups (variant 5 at d = 64 runs it twice). Not yet run on a
-#      GPU (NOTES.md "Variant 7").
-#   8: variant 5 with the dQ GEMM of tile t-1 issued in the math of tile t right behind the dK
-#      GEMM (one wait for dV, dK and dQ) and its fp32 tile stored outside the GEMM turn, which
-#      then holds only the S / dP issue; d = 64 and 128 (d = 256: its own kernel). Same products
-#      in the same order as 5 (dK / dV bitwise equal; dQ too in deterministic mode). Not yet run
-#      on a GPU (NOTES.md "Variant 8 (backward)").
-BWD_VARIANTS = (5, 6, 7, 8)
+BWD_VARIANTS = (5, 6, 7)
 BWD_ROWS128_VARIANT = 7
-DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers clean; 8K full 445 /
-                         # causal 415 / document 369 TFLOP/s, deterministic 424 / 405 / 312;
-                         # benchmarks/results/bwd_dev_2026-11-30_run3.md. Variant 6 (session 3,
-                         # runs 1-2): 62 GPU tests, sanitizers clean, dK/dV bitwise = 5, but full
-                         # 402 / causal 384 (-10 % / -7 %); sliding_window +2.6 %.
+DEFAULT_BWD_VARIANT = 5  # d = 128 (and 256). H200 2026-11-30 run B: 37 GPU tests, sanitizers
+                         # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
+                         # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
+                         # Variant 6 (session 3, runs 1-2): 62 GPU tests, sanitizers clean, dK/dV
+                         # bitwise = 5, but full 402 / causal 384 (-10 % / -7 %); sliding_window
+                         # +2.6 %.
+DEFAULT_BWD_VARIANTS = {64: BWD_ROWS128_VARIANT, 128: DEFAULT_BWD_VARIANT, 256: DEFAULT_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
+
+
+def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) -> int:
+    """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
+    `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
+    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 5 at d = 128 / 256). ValueError for a variant that
+    is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    head_dim = int(head_dim)
+    if variant is None:
+        if int(sm_margin) > 0:
+            return PERSISTENT_BWD_VARIANT
+        return DEFAULT_BWD_VARIANTS.get(head_dim, DEFAULT_BWD_VARIANT)
+    variant = int(variant)
+    if variant not in BWD_VARIANTS:
+        raise ValueError(f"unknown backward kernel variant {variant}; valid: "
+                         f"{', '.join(map(str, BWD_VARIANTS))}, or None (the default for the head dim)")
+    if variant == BWD_ROWS128_VARIANT and head_dim == 128:  # (d = 256: one kernel for every variant)
+        raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
+                         f"got d = {head_dim}")
+    return variant
 
 
 def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
@@ -304,12 +310,12 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     order in both modes. Needs dq_mode 1 (the default).
 
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
-    CTAs), e.g. for NCCL's kernels under context parallelism. Variant 5 ignores it; with
-    variant=None a margin > 0 selects variant 6.
+    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5 and 7 ignore it.
 
+    variant=None: 6 when sm_margin > 0, else 7 at d = 64 and 5 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 (d = 64 only; ValueError at d = 128): 128-row query tiles (its dQ / row-statistics
-    workspaces padded to a multiple of 128 rows); ignores sm_margin.
+    workspaces padded to a multiple of 128 rows).
     """
     mod, reason = _load()
     if mod is None:
@@ -324,14 +330,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     if dq_mode not in BWD_DQ_MODES:
         raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
     sm_margin = _check_sm_margin(sm_margin)
-    if variant is None:
-        variant = PERSISTENT_BWD_VARIANT if sm_margin > 0 else DEFAULT_BWD_VARIANT
-    variant = int(variant)
-    if variant not in BWD_VARIANTS:
-        raise ValueError(f"unknown backward kernel variant {variant}; compiled: {BWD_VARIANTS}")
-    if variant == BWD_ROWS128_VARIANT and d == 128:  # (d = 256: one kernel for every variant)
-        raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
-                         f"got d = {d}")
+    variant = resolve_bwd_variant(variant, d, sm_margin)
     deterministic = _check_deterministic(deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")

@@ -256,6 +256,34 @@ def test_cuda_unsupported_options_are_named():
     _cuda.check_supported((1, 8, 2, 128), jnp.bfloat16, 128)  # supported: no error
 
 
+def test_cuda_kernel_variant_resolution():
+    """Which Hopper kernel variant variant=None picks, and the ValueError for a removed or unknown
+    one (pure Python: no extension or GPU needed)."""
+    att = sys.modules["jax_flashmask.attention"]
+    if att._cuda is None:
+        pytest.skip("jax_flashmask._cuda not importable")
+    _cuda = att._cuda
+    assert _cuda.resolve_bwd_variant(None, 64) == 7  # 128-row query tiles at d = 64
+    assert _cuda.resolve_bwd_variant(None, 128) == 5
+    assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
+    for d in (64, 128, 256):  # a margin needs the persistent variant, at every head dim
+        assert _cuda.resolve_bwd_variant(None, d, sm_margin=8) == 6
+        assert _cuda.resolve_bwd_variant(5, d, sm_margin=8) == 5
+    assert _cuda.resolve_bwd_variant(7, 256) == 7
+    with pytest.raises(ValueError, match="d = 64 only"):
+        _cuda.resolve_bwd_variant(7, 128)
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7}
+    for removed in (1, 4, 8, 9):
+        with pytest.raises(ValueError, match="valid: 5, 6, 7"):
+            _cuda.resolve_bwd_variant(removed, 64)
+    assert _cuda.resolve_variant(None) == 3
+    assert _cuda.resolve_variant(6) == 6
+    for removed in (1, 7, 8, 9):
+        with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6"):
+            _cuda.resolve_variant(removed)
+        assert not _cuda.variant_supported(removed, jnp.bfloat16, 64)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: every case raises ValueError from Python, naming what to change.
 

@@ -11,14 +11,16 @@
 //   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
 //   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
-// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default), 6 =
-// flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a heaviest-first
-// work-item scheduler; the only one that honours sm_margin) and 7 = flashmask_bwd_pp_kernel with
-// 128-row query tiles (BwdTraits Bm_ = 128; d = 64 only): per tile and warpgroup S^T / dP^T are
+// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default at d = 128),
+// 6 = flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a
+// heaviest-first work-item scheduler; the only one that honours sm_margin) and 7 =
+// flashmask_bwd_pp_kernel with 128-row query tiles (BwdTraits Bm_ = 128; d = 64 only, the default
+// there: jax_flashmask/_cuda.py resolve_bwd_variant): per tile and warpgroup S^T / dP^T are
 // 64 keys x 128 queries, dV / dK 64 x 64 over 128 queries, and the dQ GEMM is split between the
-// warpgroups by query rows (no duplicated GEMM, unlike variant 5 at d = 64). Variants 1-4 (the 2026-11-29/30
-// steps towards 5: no warp specialization, warp specialization without ping-pong, ping-pong with
-// generic-address dS stores, early dK issue) were measured, lost, and are gone: NOTES.md.
+// warpgroups by query rows (no duplicated GEMM, unlike variant 5 at d = 64). Variants 1-4 (the
+// 2026-11-29/30 steps towards 5: no warp specialization, warp specialization without ping-pong,
+// ping-pong with generic-address dS stores, early dK issue) and 8 (5 with the dQ GEMM issued in
+// the math, behind dK: equal to 5 on the H200) were measured and are gone: NOTES.md.
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -37,15 +39,10 @@ namespace jfm::sm90 {
 // variant 6, flashmask_bwd_persist_kernel (the same per-item code on a persistent grid).
 // Bm_ = query rows per tile: kBwdBlockM (64) for variants 5 and 6; 128 for variant 7
 // (flashmask_bwd_pp_kernel at d = 64 only: see kDqRowSplit).
-// DqInMath_ = true: variant 8 (flashmask_bwd_pp_kernel, Bm = 64, d = 64 and 128): the dQ GEMM of
-// tile t-1 is issued in the math of tile t right behind the dK GEMM and waited with it, and its
-// fp32 tile is stored outside the GEMM turn; the turn holds only the S / dP issue (NOTES.md,
-// "Variant 8 (backward)").
-template <class Elem_, int D_, bool Persist_ = false, int Bm_ = kBwdBlockM, bool DqInMath_ = false>
+template <class Elem_, int D_, bool Persist_ = false, int Bm_ = kBwdBlockM>
 struct BwdTraits {
   using Elem = Elem_;
   static constexpr bool kPersist = Persist_;
-  static constexpr bool kDqInMath = DqInMath_;
   static constexpr int D = D_, Bm = Bm_, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = 2;  // dS tiles in smem
@@ -55,7 +52,6 @@ struct BwdTraits {
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
                 "128-row query tiles: variant 7 (d = 64, one CTA per work item) only");
-  static_assert(!DqInMath_ || (Bm == kBwdBlockM && !Persist_), "variant 8: Bm = 64, non-persistent");
 
   // Q / dO ring (Bm, D, Stages), K-major; their (D, Bm, Stages) MN-major views for dK / dV.
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -499,11 +495,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
   };
-  // dQ tile `acc` of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer
-  // warp's smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
-  // Variant 8 passes an accumulator local to its math block (a loop-carried tdQrdQ stays live
-  // through the S / dP section at the ptxas level: C7512 and 504 B of spills).
-  auto put_dq_acc = [&](auto& acc, int buf, int par, int64_t off) {
+  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
+  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
+  auto put_dq = [&](int buf, int par, int64_t off) {
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
     const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
@@ -512,9 +506,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
       if (dq_store) {
         CUTE_UNROLL
-        for (int e = 0; e < size(acc); e += 2) {
+        for (int e = 0; e < size(tdQrdQ); e += 2) {
           const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(acc(e), acc(e + 1));
+          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
         }
       }
       pp_fence_async_smem();
@@ -522,14 +516,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if (dq_store) {
       float* dqa = a.dq_accum + off;
       CUTE_UNROLL
-      for (int e = 0; e < size(acc); e += 2) {
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
         const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(acc(e), acc(e + 1)));
+        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
       }
     }
   };
-
-  auto put_dq = [&](int buf, int par, int64_t off) { put_dq_acc(tdQrdQ, buf, par, off); };
 
   if (have) {
     pp_wait(&ss.kv_full, 0);
@@ -542,7 +534,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const int st = t & 1, par = (t >> 1) & 1;
       // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t
       turn_begin();
-      if (!T::kDqInMath && t >= 2) {
+      if (t >= 2) {
         // both warpgroups stored their dS of tile t-2 before their previous section
         pp_wait(&ss.x.ds_full[st], par ^ 1);
         wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
@@ -626,36 +618,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       pp_fence_async_smem();
       pp_arrive(&ss.x.ds_full[st]);
       wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-      if constexpr (T::kDqInMath) {
-        // Variant 8: the dQ GEMM of tile t-1 in the math of tile t, issued once dV has completed
-        // (its P fragment's registers hold the dQ accumulators) while dK is in flight; one
-        // wait<0> for dK and dQ. The accumulator is local to this block: a loop-carried one
-        // stays live through the S / dP section at the ptxas level (C7512, 504 B spills). Buffer
-        // st ^ 1 holds tile t-1 (parity of that use: ((t-1) >> 1) & 1); the other warpgroup
-        // stored its half in its math of tile t-1, which does not wait for this warpgroup's
-        // math of tile t (its ds_empty wait there covers the dQ GEMMs of tile t-3).
-        if (t >= 1) {
-          warpgroup_wait<1>();
-          warpgroup_fence_operand(tdVrdV);
-          warpgroup_fence_operand(tPrP);
-          pp_wait(&ss.x.ds_full[st ^ 1], ((t - 1) >> 1) & 1);
-          Tensor acc = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
-          wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st ^ 1), tdQrK, acc);
-          warpgroup_fence_operand(tdKrdK);
-          warpgroup_fence_operand(tPrdS);
-          pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-          pp_arrive(&ss.x.ds_empty[st ^ 1]);
-          put_dq_acc(acc, st ^ 1, ((t - 1) >> 1) & 1, (int64_t)lin1 * (Bm * D));
-        }
-      }
-      if (!T::kDqInMath || t == 0) {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tdKrdK);
-        warpgroup_fence_operand(tPrP);
-        warpgroup_fence_operand(tPrdS);
-        pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdKrdK);
+      warpgroup_fence_operand(tPrP);
+      warpgroup_fence_operand(tPrdS);
+      pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
       lin2 = lin1;
       lin1 = (b * a.N + h) * a.mblk + m;
 
@@ -667,7 +635,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---- last section: dQ GEMMs of tiles t-1 and t
     turn_begin();
     CUTE_UNROLL
-    for (int u = T::kDqInMath ? 0 : 1; u >= 0; --u) {
+    for (int u = 1; u >= 0; --u) {
       const int tu = t - u;
       if (tu >= 0) {
         const int st = tu & 1, par = (tu >> 1) & 1;
@@ -1346,8 +1314,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 8) return launch_bwd_impl<BwdTraits<Elem, D, false, kBwdBlockM, true>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7 or 8";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6 or 7";
   return cudaErrorInvalidValue;
 }
 

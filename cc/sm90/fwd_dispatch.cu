@@ -19,37 +19,6 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     if (err) *err = "flashmask sm90 forward: N must be a multiple of K and of Hm";
     return cudaErrorInvalidValue;
   }
-  if (p.variant == 8) {
-    // Variant 3's kernel (persistent grid, bounds staged in smem) with 3 of every 16 softmax
-    // exponentials on the FMA pipe (exp2_fma.h) instead of MUFU; d = 64, 128 (inst/*_ex3.cu).
-    constexpr int kExpSplit = 3;
-    FwdParams p3 = p;
-    p3.variant = 3;  // the launcher's grid / bounds path of variant 3
-    const bool bf16_8 = p.dtype == DType::kBF16;
-    if (p.d == 64)
-      return bf16_8 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, kExpSplit>(p3, stream, err)
-                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, kExpSplit>(p3, stream, err);
-    if (p.d == 128)
-      return bf16_8 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, kExpSplit>(p3, stream, err)
-                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, kExpSplit>(p3, stream, err);
-    if (err) *err = "flashmask sm90 forward: variant 8 (exp2 split) is compiled for d=64 and d=128 only";
-    return cudaErrorInvalidValue;
-  }
-  if (p.variant == 9) {
-    // Variant 3's kernel (persistent grid, bounds staged in smem) with the main loop's wait for the
-    // previous PV GEMM pinned below the softmax exponentials (pin_wait_below; inst/*_pw.cu).
-    FwdParams p3 = p;
-    p3.variant = 3;
-    const bool bf16_9 = p.dtype == DType::kBF16;
-    if (p.d == 64)
-      return bf16_9 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, 0, true>(p3, stream, err)
-                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, 0, true>(p3, stream, err);
-    if (p.d == 128)
-      return bf16_9 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, 0, true>(p3, stream, err)
-                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, 0, true>(p3, stream, err);
-    if (err) *err = "flashmask sm90 forward: variant 9 (pinned PV wait) is compiled for d=64 and d=128 only";
-    return cudaErrorInvalidValue;
-  }
   const bool bf16 = p.dtype == DType::kBF16;
   if (p.variant < 2 || p.variant > 6) {
     if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 6)";
@@ -64,7 +33,8 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
   //      issued before the current tile's last PV GEMM is waited for; its epilogue runs under them).
   // The persistent variants (3, 5, 6) launch num_SMs - p.sm_margin CTAs.
   // (Measured and no longer compiled, see benchmarks/NOTES.md: 0 = variant 2 without overlap,
-  // 1 = one consumer warpgroup, 7 = variant 3 with key blocks of 176.)
+  // 1 = one consumer warpgroup, 7 = variant 3 with key blocks of 176, 8 = variant 3 with part of
+  // the softmax exp2 on the FMA pipe, 9 = variant 3 with the PV-GEMM wait pinned below the exps.)
   switch (p.d) {
     case 64:
       return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true>(p, stream, err)

@@ -21,7 +21,6 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "exp2_fma.h"
 #include "params.h"
 
 namespace jfm::sm90 {
@@ -35,12 +34,6 @@ struct FwdTraits {
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
   static constexpr int Bm = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
-  // Softmax exponentials computed on the FMA pipe (exp2_fma), per 16 of a thread's row elements;
-  // 0 = all on MUFU (every variant but 8; FwdTraitsExpSplit below sets it for variant 8).
-  static constexpr int ExpSplit = 0;
-  // Variant 9 (FwdTraitsPinWait below): keep the main loop's wait for the PV GEMM below the
-  // softmax exponentials in the SASS; false = every other variant.
-  static constexpr bool PinWait = false;
   // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
   // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
   static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
@@ -88,27 +81,6 @@ struct FwdTraits {
   };
 };
 
-// Variant 8: FwdTraits with ExpSplit of every 16 softmax exponentials of a thread's row on the
-// FMA pipe (benchmarks/NOTES.md, "Variant 8"). A derived type rather than a seventh template
-// parameter of FwdTraits, so the other variants' kernels keep their types (and symbols).
-template <class Base, int ExpSplit_>
-struct FwdTraitsExpSplit : Base {
-  static_assert(ExpSplit_ >= 0 && ExpSplit_ <= 16, "ExpSplit counts sixteenths");
-  static constexpr int ExpSplit = ExpSplit_;
-};
-
-// Variant 9: FwdTraits (or FwdTraitsExpSplit) whose main loop pins the wait for the previous
-// block's PV GEMM below the softmax exponentials (benchmarks/NOTES.md, "Variant 9"). Without the
-// pin ptxas hoists that WARPGROUP.DEPBAR to the top of the softmax's basic block, so a warpgroup's
-// exponentials never run under its own PV GEMM. Derived type: the other kernels keep their symbols.
-template <class Base>
-struct FwdTraitsPinWait : Base {
-  static constexpr bool PinWait = true;
-  struct SharedStorage : Base::SharedStorage {
-    float pin_sink;  // target of pin_wait_below's store, which never executes
-  };
-};
-
 struct KArgs {
   void* o;
   float* lse;
@@ -139,36 +111,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Softmax exponential of element q (0 .. Bn/4 - 1) of a thread's row: ExpSplit of every 16
-// consecutive q, spread evenly ((q * ExpSplit) mod 16 < ExpSplit), on the FMA pipe, the others on
-// MUFU. q is a compile-time constant after unrolling, so the choice costs no instruction.
-template <int ExpSplit>
-__device__ __forceinline__ float softmax_exp2(float x, int q) {
-  if constexpr (ExpSplit == 0) {
-    return fast_exp2(x);
-  } else {
-    return ((q % 16) * ExpSplit) % 16 < ExpSplit ? exp2_fma(x) : fast_exp2(x);
-  }
-}
-
-// Orders the next wgmma wait after every softmax exponential of the block, in the SASS. ptxas
-// schedules WARPGROUP.DEPBAR freely within a basic block (it hoisted the loop's wait<0> above the
-// row max and all MUFU.EX2), but keeps it after a preceding shared-memory store. This store's
-// predicate depends on row 0's sum and its data on row 1's, so it cannot issue before the last
-// exponential of either row; the predicate is never true (sums of exp2 values are >= 0, and a NaN
-// compares false), so nothing is written: the cost is one FSETP and one predicated-off STS.
-__device__ __forceinline__ void pin_wait_below(float l0, float l1, float* sink) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(sink));
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.lt.f32 p, %0, 0f00000000;\n"
-      "@p st.shared.f32 [%2], %1;\n"
-      "}\n" ::"f"(l0),
-      "f"(l1), "r"(addr)
-      : "memory");
 }
 
 // One WGMMA batch: C (+)= A * B over the K mode; optionally wait for completion.
@@ -510,8 +452,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           for (int kk = 0; kk < Bn / 8; ++kk) {
             CUTE_UNROLL
             for (int j = 0; j < 2; ++j) {
-              const float p =
-                  softmax_exp2<T::ExpSplit>(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc), 2 * kk + j);
+              const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
               tSrS(4 * kk + 2 * i + j) = p;
               sum += p;
             }
@@ -620,7 +561,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           mask_and_release_k(partial, n, rd);
           float corr[2];
           softmax(corr);
-          if constexpr (T::PinWait) pin_wait_below(l_i[0], l_i[1], &ss.pin_sink);
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(tOrP);
@@ -713,13 +653,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 #endif
 }
-// ExpSplit > 0: variant 8's kernel; PinWait: variant 9's (fwd_dispatch.cu passes p.variant = 3
-// for their grid and bounds).
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, int ExpSplit, bool PinWait>
+
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
-  using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
-  using T0 = std::conditional_t<ExpSplit == 0, Base, FwdTraitsExpSplit<Base, ExpSplit>>;
-  using T = std::conditional_t<PinWait, FwdTraitsPinWait<T0>, T0>;
+  using T = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;

@@ -529,6 +529,34 @@ def test_rows128_variant_d_check_and_workspace():
     assert "tensor<1x4x384x64xf32>" in hlo  # dQ workspace, Sq padded to 384
 
 
+def test_default_variant_per_head_dim():
+    """variant=None runs variant 7 at d = 64 (workspaces at 128 query rows; bitwise equal to an
+    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 5 at d = 128
+    (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
+    import re
+    _need(jnp.bfloat16, 64)
+    rng = np.random.default_rng(5)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 64, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 300, 300))
+    out, lse = _cuda.forward(q, k, v, b, scale=0.125)
+
+    def hlo(**kw):
+        f = jax.jit(lambda *a: _bwd(*a, None, scale=0.125, deterministic=True, **kw))
+        return f.lower(q, k, v, b, out, lse, do).as_text()
+
+    default = hlo()
+    assert re.search(r"variant = 7\b", default), "variant=None at d = 64 should run variant 7"
+    assert "tensor<1x4x384x64xf32>" in default  # dQ workspace at 128-row tiles
+    assert re.search(r"variant = 6\b", hlo(sm_margin=8))
+    r_none, r7 = (_bwd(q, k, v, b, out, lse, do, None, scale=0.125, deterministic=True, variant=vv)
+                  for vv in (None, 7))
+    _assert_same_bits(r_none, r7, "variant=None vs 7 at d = 64")
+    _need(jnp.bfloat16, 128)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
+    out, lse = _cuda.forward(q, k, v, b, scale=0.1)
+    assert re.search(r"variant = 5\b", hlo())
+
+
 # --------------------------------------------------------------------------- variant 6 (persistent)
 
 
@@ -595,37 +623,6 @@ def test_variant6_bitwise_equals_variant5(case, margin):
     # and against the float64 reference (fully masked rows: exact zeros)
     _check(q, k, v, do, b, seed=f"v6 {case}", rng=rng, fn=lambda *a: _bwd(
         *a, scale=128 ** -0.5, variant=6, sm_margin=margin))
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("case", ["random_gqa", "causal_ragged", "one_tile", "many_tiles"])
-def test_variant8_bitwise_equals_variant5(case, d):
-    """Variant 8 is variant 5 with the dQ GEMM of tile t-1 issued in the math of tile t (behind
-    the dK GEMM) instead of in the GEMM section of tile t+1: the same dV / dK products in the same
-    order (dK/dV bitwise equal in both modes) and the same per-tile dQ GEMMs reduced in the same
-    ordered way in deterministic mode (dQ bitwise there). one_tile: the tail-only dQ path;
-    many_tiles: every dS / dQ buffer parity many times over."""
-    _need(jnp.bfloat16, d)
-    if not (5 in VARIANTS and 8 in VARIANTS):
-        pytest.skip("variants 5 and 8 not both under test")
-    rng = np.random.default_rng(13)
-    if case == "random_gqa":
-        B, Sq, Sk, N, K = 2, 1100, 1300, 8, 2
-        b = random_bounds(rng, B, 2, Sq, Sk)
-    elif case == "causal_ragged":
-        B, Sq, Sk, N, K = 1, 2000, 1999, 4, 4
-        b = causal_bounds(B, 1, Sq, Sk)
-    elif case == "one_tile":
-        B, Sq, Sk, N, K = 1, 40, 300, 2, 1
-        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.5)
-    else:
-        B, Sq, Sk, N, K = 1, 4096, 256, 4, 2
-        b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.5)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    bj = jnp.asarray(b)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=8), f"case={case} d={d}")
 
 
 def test_sm_margin_identical_results():
