@@ -135,7 +135,9 @@ def skip_range(lo_key: int, hi_key: int, Sq: int, Bm: int, mblk: int) -> tuple[i
 
 
 def next_kept(m: int, meta_row, Sq: int, Bm: int, mblk: int) -> int:
-    """First tile >= m that the scan keeps (mblk when none): three jumps at most."""
+    """First tile >= m that the scan keeps (mblk when none): three jumps at most. (The kernel,
+    bwd_find_kept<Bm, Bn, true>, first tests m as the scan does and jumps only when m is skipped;
+    the jumps leave a kept m where it is, so the result is the same.)"""
     s1, e1 = skip_range(int(meta_row[1]), int(meta_row[2]), Sq, Bm, mblk)  # LTSmax, LTEmin
     s2, e2 = skip_range(int(meta_row[5]), int(meta_row[6]), Sq, Bm, mblk)  # UTSmax, UTEmin
     if s1 <= m < e1:

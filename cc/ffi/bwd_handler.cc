@@ -105,8 +105,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (deterministic && dq_mode != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: deterministic mode needs dq_mode 1 (bulk)");
   p.deterministic = deterministic;
-  if (variant < 1 || variant > 8)
-    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 to 8");
+  if (variant < 1 || variant > 9)
+    return ffi::Error::InvalidArgument("flashmask_bwd: kernel variant must be 1 to 9");
   p.variant = variant;
   if (sm_margin < 0)
     return ffi::Error::InvalidArgument("flashmask_bwd: sm_margin must be >= 0");
