@@ -262,7 +262,13 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7)
+#   9: variant 5 with the O(1) tile walk: the query tiles a key block skips are two contiguous
+#      ranges, so the next kept tile is at most three jumps away instead of a loop over every
+#      skipped tile, which every CTA runs over all Sq / 64 tiles of its key block (fitted on the
+#      session-3/4 timings: 14-37 % of the time of the sparse masks at 32K-128K,
+#      benchmarks/NOTES_bwd_partial.md). The same tiles in the same order (bitwise equal to 5
+#      like 6); d = 64 and 128 (d = 256: its own kernel). Not yet run on a GPU.
+BWD_VARIANTS = (5, 6, 7, 9)
 BWD_ROWS128_VARIANT = 7
 DEFAULT_BWD_VARIANT = 5  # d = 128 (and 256). H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic

@@ -663,6 +663,69 @@ def test_sm_margin_validation():
             _cuda.backward(q, k, v, b, out, lse, do, None, scale=0.1, variant=6, sm_margin=bad)
 
 
+# --------------------------------------------------------------------------- variant 9 (O(1) walk)
+
+
+def _jump_bounds(rng, B, Hm, Sq, Sk):
+    """Per key column: rows [200, 600) and [0, 300) masked, with a few rows of jitter, on top of
+    columns with document-like windows: key blocks whose skipped query tiles are two overlapping
+    ranges, the second ending inside the first (the third jump of bwd_find_kept<.., true>), plus
+    gaps in the middle of a key block's tiles and ragged last tiles."""
+    b = np.empty((B, Hm, 4, Sk), np.int64)
+    j = rng.integers(0, 9, (B, Hm, Sk))
+    b[:, :, 0], b[:, :, 1] = 200 + j, 600 - j
+    b[:, :, 2], b[:, :, 3] = j, 300 + j
+    doc = (np.arange(Sk) // 128) % 3 == 1  # every third key block: a window [lo, hi) visible
+    lo = rng.integers(0, Sq, (B, Hm, 1)) + np.zeros((1, 1, Sk), np.int64)
+    hi = np.minimum(lo + 150, Sq)
+    b[:, :, 0] = np.where(doc, hi, b[:, :, 0])
+    b[:, :, 1] = np.where(doc, Sq, b[:, :, 1])
+    b[:, :, 2] = np.where(doc, 0, b[:, :, 2])
+    b[:, :, 3] = np.where(doc, lo, b[:, :, 3])
+    return np.clip(b, 0, Sq).astype(np.int32)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", ["suite", "random_gqa", "jumps", "empty_items"])
+def test_variant9_bitwise_equals_variant5(case, d):
+    """Variant 9 is variant 5 with the O(1) tile walk (bwd_find_kept<Bm, Bn, true>): the same
+    query tiles in the same order for every key block, hence the same products in the same order:
+    dK/dV bitwise equal to variant 5 in both modes, dQ too in deterministic mode. suite: the twelve
+    benchmark masks (skips at the start, in the middle and at the end of a key block's tiles);
+    random_gqa: 4 query heads per kv head over 2 mask heads (the walk restarts per head);
+    jumps: two overlapping skip ranges per key block, ragged Sq; empty_items: key blocks that keep
+    no tile."""
+    _need(jnp.bfloat16, d)
+    if not (5 in VARIANTS and 9 in VARIANTS):
+        pytest.skip("variants 5 and 9 not both under test")
+    rng = np.random.default_rng(17)
+    if case == "suite":
+        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
+        bs = list(_suite(Sq, 17, B).values())
+    elif case == "random_gqa":
+        B, Sq, Sk, N, K = 2, 1100, 1300, 8, 2
+        bs = [random_bounds(rng, B, 2, Sq, Sk)]
+    elif case == "jumps":
+        B, Sq, Sk, N, K = 2, 1000, 900, 4, 4
+        bs = [_jump_bounds(rng, B, 1, Sq, Sk)]
+    else:
+        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
+        b = np.zeros((B, 1, 4, Sk), np.int32)
+        b[:, :, 0] = 0; b[:, :, 1] = Sq  # fully masked columns ...
+        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]  # ... but these
+        bs = [b]
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    for i, b in enumerate(bs):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=9),
+                                f"case={case} mask {i} d={d}")
+    if case == "jumps":  # and against the float64 reference
+        _check(q, k, v, do, bs[0], seed="v9 jumps", rng=rng, fn=lambda *a: _bwd(
+            *a, scale=d ** -0.5, variant=9))
+
+
 # --------------------------------------------------------------------------- head dim 256 kernel
 # cc/sm90/bwd_d256_kernel.cuh: 64 keys per CTA (metadata and ordering bits at 64), the two consumer
 # warpgroups split d; one kernel for every variant number.

@@ -1,0 +1,217 @@
+"""Where the masked backward's time goes: tile statistics, a fitted time model, and the O(1) tile walk.
+
+CPU only (numpy). benchmarks/NOTES_bwd_partial.md explains the numbers.
+
+* ``stats``: per key block of Bn keys (one CTA of flashmask_bwd_pp_kernel per key block and head),
+  the query tiles of Bm rows that `bwd_find_kept` (cc/sm90/bwd_kernel.cuh) keeps, the partial ones
+  among them, and the skipped ones its linear scan walks over (every tile of the key block is
+  visited once: skipped = mblk - kept).
+* ``fit``: least squares on measured backward times (bench_attention.py JSON, rows of impl "ours")
+  of  T = K0 + (t_tile * kept + dP * partial + c_scan * skipped) / 132  (sums over all CTAs; K0 =
+  per-call passes + per-CTA fixed cost, the same for every mask when the token count and the CTA
+  count are). Two sequence lengths with the same tokens separate c_scan from K0.
+* ``walk_check``: the O(1) replacement of the scan (`next_kept`: at most three jumps over the two
+  skip ranges) visits exactly the tiles of the scan, for the benchmark masks and random bounds
+  (ragged Sq, out-of-range values).
+
+Usage: python benchmarks/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BN = 128  # kBwdBlockN
+SMS = 132
+
+
+def key_block_meta(bounds: np.ndarray, Bn: int = BN) -> np.ndarray:
+    """[nblk, 8] int64: (LTS, LTE, UTS, UTE) x (min, max) per key block (block_meta.cu)."""
+    sk = bounds.shape[1]
+    nblk = -(-sk // Bn)
+    out = np.empty((nblk, 8), np.int64)
+    for n in range(nblk):
+        sl = bounds[:, n * Bn:min((n + 1) * Bn, sk)].astype(np.int64)
+        out[n, 0::2] = sl.min(axis=1)
+        out[n, 1::2] = sl.max(axis=1)
+    return out
+
+
+def classify(bounds: np.ndarray, Sq: int, Bm: int, Bn: int = BN):
+    """(skip [nblk, mblk] bool, partial [nblk, mblk] bool): bwd_find_kept's rule per tile."""
+    meta = key_block_meta(bounds, Bn)
+    sk = bounds.shape[1]
+    mblk = -(-Sq // Bm)
+    ms = np.arange(mblk) * Bm
+    me = np.minimum(ms + Bm, Sq)
+    lts_mn, lts_mx, lte_mn, lte_mx, uts_mn, uts_mx, ute_mn, ute_mx = (meta[:, i:i + 1] for i in range(8))
+    skip = ((ms >= lts_mx) & (me <= lte_mn)) | ((ms >= uts_mx) & (me <= ute_mn))
+    ragged = ((np.arange(len(meta)) + 1) * Bn > sk)[:, None]
+    part = ragged | ((ms < lte_mx) & (me > lts_mn)) | ((ms < ute_mx) & (me > uts_mn))
+    return skip, part & ~skip
+
+
+def suite_bounds(S: int, seed="bench"):
+    """{mask: canonical bounds [4, S]} of the benchmark suite. seed "bench": bench_attention.py's
+    SeedSequence([0, S]); an int: bwd_timing.py's benchmark_suite(S, seed)."""
+    from jax_flashmask.masks import benchmark_suite, canonical_bounds_np
+
+    ss = np.random.SeedSequence([0, S]) if seed == "bench" else seed
+    out = {}
+    for name, m in benchmark_suite(S, seed=ss).items():
+        sri = np.asarray(m.startend_row_indices, np.int32)
+        out[name] = canonical_bounds_np(sri, causal=bool(m.causal), q_len=S)[0, 0]
+    return out
+
+
+def stats(S: int, Bm: int, seed="bench") -> dict:
+    res = {}
+    for name, b in suite_bounds(S, seed).items():
+        skip, part = classify(b, S, Bm)
+        kept = (~skip).sum(axis=1)
+        res[name] = dict(kept=kept, part=part.sum(axis=1), mblk=skip.shape[1], nblk=skip.shape[0])
+    return res
+
+
+def print_stats(S: int, Bm: int, seed="bench"):
+    st = stats(S, Bm, seed)
+    print(f"S = {S}, Bm = {Bm}, Bn = {BN}: per key block (CTA)")
+    print(f"{'mask':22s} {'kept':>6s} {'partial':>7s} {'part/kept':>9s} {'kept/CTA':>8s} {'min':>4s} {'max':>4s} {'skipped/CTA':>11s}")
+    for name, s in st.items():
+        k, p = s["kept"], s["part"]
+        print(f"{name:22s} {k.sum():6d} {p.sum():7d} {p.sum() / k.sum():9.3f} {k.mean():8.1f} {k.min():4d} {k.max():4d} "
+              f"{s['mblk'] - k.mean():11.1f}")
+
+
+def fit(files: list[str], Bm: int = 64, d: int = 128, H: int = 32):
+    """Least-squares fit of the time model on bench_attention.py JSON results (impl "ours")."""
+    rows, y, keys = [], [], []
+    cache = {}
+    for f in files:
+        for r in json.load(open(f))["results"]:
+            if r.get("impl") != "ours" or r.get("d") != d or not r.get("bwd_ms"):
+                continue
+            S, B = r["S"], r["B"]
+            if S not in cache:
+                cache[S] = stats(S, Bm)
+            s = cache[S][r["mask"]]
+            heads = B * H
+            kept, part = s["kept"].sum() * heads, s["part"].sum() * heads
+            skipped = (s["mblk"] * s["nblk"] - s["kept"].sum()) * heads
+            rows.append([1.0, kept / SMS, part / SMS, skipped / SMS])
+            y.append(r["bwd_ms"] * 1e3)
+            keys.append((S, r["mask"]))
+    A, y = np.array(rows), np.array(y)
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    pred = A @ coef
+    print(f"fit (d = {d}, Bm = {Bm}, {len(y)} points): K0 = {coef[0] / 1e3:.2f} ms, t_tile = {coef[1]:.3f} us, "
+          f"dP = {coef[2]:.3f} us per partial tile, c_scan = {1e3 * coef[3]:.1f} ns per skipped tile; "
+          f"rms rel. err {np.sqrt(np.mean((pred / y - 1) ** 2)):.3f}")
+    print(f"{'S':>6s} {'mask':22s} {'meas ms':>8s} {'model':>6s} {'tiles':>6s} {'partial':>7s} {'scan':>5s} {'K0':>5s}")
+    for (S, name), yy, pp, a in zip(keys, y, pred, A):
+        sh = [100 * a[i] * coef[i] / yy for i in (1, 2, 3)] + [100 * coef[0] / yy]
+        print(f"{S:6d} {name:22s} {yy / 1e3:8.2f} {100 * (pp / yy - 1):+5.1f}% {sh[0]:5.1f}% {sh[1]:6.1f}% {sh[2]:4.1f}% {sh[3]:4.1f}%")
+    return coef
+
+
+# ----------------------------------------------------------------------------- O(1) tile walk
+
+
+def skip_range(lo_key: int, hi_key: int, Sq: int, Bm: int, mblk: int) -> tuple[int, int]:
+    """Tiles [s, e) lying entirely inside rows [lo_key, hi_key): ms >= lo_key and me <= hi_key
+    (as bwd_sched_kernel's sched_inside, half-open). C integer arithmetic on non-negative values."""
+    s = 0 if lo_key <= 0 else (lo_key + Bm - 1) // Bm
+    e = mblk if hi_key >= Sq else (0 if hi_key <= 0 else hi_key // Bm)
+    return s, e
+
+
+def next_kept(m: int, meta_row, Sq: int, Bm: int, mblk: int) -> int:
+    """First tile >= m that the scan keeps (mblk when none): three jumps at most. (The kernel,
+    bwd_find_kept<Bm, Bn, true>, first tests m as the scan does and jumps only when m is skipped;
+    the jumps leave a kept m where it is, so the result is the same.)"""
+    s1, e1 = skip_range(int(meta_row[1]), int(meta_row[2]), Sq, Bm, mblk)  # LTSmax, LTEmin
+    s2, e2 = skip_range(int(meta_row[5]), int(meta_row[6]), Sq, Bm, mblk)  # UTSmax, UTEmin
+    if s1 <= m < e1:
+        m = e1
+    if s2 <= m < e2:
+        m = e2
+    if s1 <= m < e1:
+        m = e1
+    return min(m, mblk)
+
+
+def _check_one(bounds, Sq, Bm) -> int:
+    skip, _ = classify(bounds, Sq, Bm)
+    meta = key_block_meta(bounds)
+    mblk = skip.shape[1]
+    bad = 0
+    for n in range(len(meta)):
+        kept = np.flatnonzero(~skip[n])
+        # scan answer for every start m: the first kept tile >= m
+        nxt = np.full(mblk + 1, mblk)
+        for t in kept[::-1]:
+            nxt[: t + 1] = t
+        for m in range(mblk + 1):
+            bad += next_kept(m, meta[n], Sq, Bm, mblk) != nxt[m]
+    return bad
+
+
+def walk_check(sizes=(4096, 8192), rand_cases=300, seed=0) -> int:
+    rng = np.random.default_rng(seed)
+    bad = total = 0
+    for S in sizes:
+        for Bm in (64, 128):
+            for name, b in suite_bounds(S).items():
+                bad += _check_one(b, S, Bm)
+                total += 1
+    for _ in range(rand_cases):
+        Sq = int(rng.integers(1, 1200))
+        Sk = int(rng.integers(1, 700))
+        Bm = int(rng.choice([64, 128]))
+        b = np.empty((4, Sk), np.int64)
+        for r in (0, 2):  # ranges of random widths, some empty or reversed, some out of [0, Sq]
+            lo = rng.integers(-70, Sq + 70, Sk)
+            hi = lo + rng.integers(-50, Sq + 1, Sk)
+            if rng.random() < 0.5:  # smooth (document-like) columns: long skip ranges
+                lo = np.full(Sk, rng.integers(-10, Sq + 1)) + rng.integers(0, 3, Sk)
+                hi = np.full(Sk, rng.integers(0, Sq + 130)) + rng.integers(0, 3, Sk)
+            b[r], b[r + 1] = lo, hi
+        bad += _check_one(b, Sq, Bm)
+        total += 1
+    # the third jump: the upper range ends inside the lower one, which starts above m
+    b = np.array([[200] * 5, [600] * 5, [0] * 5, [300] * 5])
+    bad += _check_one(b, 1000, 64)
+    total += 1
+    print(f"O(1) walk vs scan: {total} cases (12 masks x {len(sizes)} lengths x Bm 64/128 + {rand_cases} random + 1), "
+          f"{bad} mismatching start tiles")
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--S", type=int, nargs="*", default=[32768])
+    ap.add_argument("--bm", type=int, default=64)
+    ap.add_argument("--fit", nargs="*", default=[])
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--walk-check", action="store_true")
+    a = ap.parse_args()
+    for S in a.S:
+        print_stats(S, a.bm)
+    if a.fit:
+        fit(a.fit, a.bm, a.d)
+    if a.walk_check:
+        return 1 if walk_check() else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
