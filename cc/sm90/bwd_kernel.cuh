@@ -11,7 +11,7 @@
 //   the fp32 dQ tile (fragment order, see BwdTraits) -> smem -> one bulk reduce-add into the
 //   dq_accum workspace (or float2 atomics, dq_mode 0), converted by bwd_aux.cu.
 // dK and dV stay in registers over the whole walk and are written once (dK scaled).
-// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item; the default at d = 128),
+// Kernel variants: 5 = flashmask_bwd_pp_kernel (one CTA per work item),
 // 6 = flashmask_bwd_persist_kernel (the same per-item code on a persistent grid with a
 // heaviest-first work-item scheduler; the only one that honours sm_margin) and 7 =
 // flashmask_bwd_pp_kernel with 128-row query tiles (BwdTraits Bm_ = 128; d = 64 only, the default
@@ -21,7 +21,8 @@
 // 2026-11-29/30 steps towards 5: no warp specialization, warp specialization without ping-pong,
 // ping-pong with generic-address dS stores, early dK issue) and 8 (5 with the dQ GEMM issued in
 // the math, behind dK: equal to 5 on the H200) were measured and are gone: NOTES.md.
-// Variant 9 = variant 5 with the O(1) tile walk of bwd_find_kept (BwdJumpWalk; d = 64, 128).
+// Variant 9 = variant 5 with the O(1) tile walk of bwd_find_kept (BwdJumpWalk; d = 64, 128; the
+// default at d = 128).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //

@@ -531,7 +531,7 @@ def test_rows128_variant_d_check_and_workspace():
 
 def test_default_variant_per_head_dim():
     """variant=None runs variant 7 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 5 at d = 128
+    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 9 at d = 128
     (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
     import re
     _need(jnp.bfloat16, 64)
@@ -554,7 +554,7 @@ def test_default_variant_per_head_dim():
     _need(jnp.bfloat16, 128)
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    assert re.search(r"variant = 5\b", hlo())
+    assert re.search(r"variant = 9\b", hlo())
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
