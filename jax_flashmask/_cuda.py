@@ -37,16 +37,22 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #   6: variant 3 + overlap at tile boundaries: the next tile's block scan and first QK^T GEMM are
 #      issued before the current tile's last PV GEMM is waited for, and the current tile's
 #      epilogue runs after both (run B: within -7..+5 % of 3, slower on 4 of 7 masks);
-# Measured and removed: 1 (one consumer warpgroup), 7 (key blocks of 176: run B +0.4 % on full 8K,
-# -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM wait
-# pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
-# The persistent variants (3, 5, 6) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+#   7: variant 3 with a two-level key-block walk: groups of 32 key blocks are classified first (one
+#      ballot per 32 groups, from group metadata built after the block metadata) and only the
+#      groups that may hold a kept block are scanned, instead of every group of every query tile
+#      (used from 3 groups on: Sk > 8K at d = 64/128, > 4K at d = 256); same blocks in the same
+#      order, outputs bit-identical to 3 (benchmarks/NOTES_fwd_model.md; not yet run on a GPU).
+# Measured and removed: 1 (one consumer warpgroup), 7 (old number: key blocks of 176: run B +0.4 % on
+# full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
+# wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
+# The persistent variants (3, 5, 6, 7) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
-VARIANTS = (2, 3, 4, 5, 6)
+GROUP_SCAN_VARIANT = 7
+VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT)
 DEFAULT_VARIANT = 3
-TESTED_VARIANTS = (2, 3, 4, 6)  # run on every case of tests/gpu/test_cuda_forward.py
+TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -164,7 +170,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
@@ -176,11 +182,15 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
+    # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variant 7
+    # also the group metadata (as much again, after the counter)
+    ws = B * Hm * 8 * nblk + 32
+    if variant == GROUP_SCAN_VARIANT:
+        ws = 2 * ws
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct((B, Sq, N), jnp.float32),
-        # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter
-        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 32,), jnp.int32),
+        jax.ShapeDtypeStruct((ws,), jnp.int32),
     )
     call = jax.ffi.ffi_call(FWD_TARGET, out_types, vmap_method="broadcast_all")
     out, lse, _ = call(q, k, v, bounds, scale=np.float32(scale), variant=np.int32(variant),

@@ -278,8 +278,12 @@ def test_cuda_kernel_variant_resolution():
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3
     assert _cuda.resolve_variant(6) == 6
-    for removed in (1, 7, 8, 9):
-        with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6"):
+    assert _cuda.resolve_variant(7) == 7  # the two-level block walk (the number of a removed one reused)
+    for d in (64, 128, 256):
+        assert _cuda.variant_supported(7, jnp.bfloat16, d)
+    assert 7 in _cuda.TESTED_VARIANTS
+    for removed in (1, 8, 9):
+        with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)
         assert not _cuda.variant_supported(removed, jnp.bfloat16, 64)
 

@@ -54,7 +54,33 @@ __global__ void __launch_bounds__(kMetaThreads) block_meta_kernel(const int32_t*
   }
 }
 
+// grid: (ngrp, Hm, B); block: 32 threads. Lane l reads block 32 * g + l of the block metadata;
+// the group's entry is int4 {LTSmax, LTEmin, UTSmax, UTEmin} at gmeta + (b * Hm + hm) * 8 * nblk
+// + 4 * g (the skip test needs only these four).
+__global__ void __launch_bounds__(32) group_meta_kernel(const int32_t* __restrict__ meta,
+                                                        int32_t* __restrict__ gmeta, int Hm, int nblk) {
+  const int g = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
+  const int n = 32 * g + (int)threadIdx.x;
+  const int64_t row0 = ((int64_t)b * Hm + hm) * 8;
+  const bool in = n < nblk;
+  const int lts_mx = warp_max(in ? __ldg(meta + (row0 + 1) * nblk + n) : INT_MIN);
+  const int lte_mn = warp_min(in ? __ldg(meta + (row0 + 2) * nblk + n) : INT_MAX);
+  const int uts_mx = warp_max(in ? __ldg(meta + (row0 + 5) * nblk + n) : INT_MIN);
+  const int ute_mn = warp_min(in ? __ldg(meta + (row0 + 6) * nblk + n) : INT_MAX);
+  if (threadIdx.x == 0)
+    *reinterpret_cast<int4*>(gmeta + row0 * nblk + 4 * (int64_t)g) = make_int4(lts_mx, lte_mn, uts_mx, ute_mn);
+}
+
 }  // namespace
+
+cudaError_t group_meta_sm90(const int32_t* meta, int32_t* gmeta, int B, int Hm, int nblk,
+                            cudaStream_t stream) {
+  const int ngrp = (nblk + 31) / 32;
+  if (B == 0 || Hm == 0 || ngrp == 0) return cudaSuccess;
+  dim3 grid(ngrp, Hm, B);
+  group_meta_kernel<<<grid, 32, 0, stream>>>(meta, gmeta, Hm, nblk);
+  return cudaGetLastError();
+}
 
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
                             cudaStream_t stream) {

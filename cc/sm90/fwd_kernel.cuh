@@ -37,6 +37,9 @@ struct FwdTraits {
   // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
   // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
   static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
+  // Variant 7 (FwdTraitsGroupScan below): KeptBlocks first classifies groups of 32 key blocks
+  // (one ballot for 32 groups) and scans only the groups that may hold a kept block.
+  static constexpr bool kGroupScan = false;
   static constexpr int kRegConsumer = Bn > 128 ? 240 : 232;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
@@ -81,6 +84,13 @@ struct FwdTraits {
   };
 };
 
+// Variant 7: FwdTraits whose KeptBlocks skips whole groups of 32 key blocks through a second
+// metadata level (group_meta_sm90). Derived type: the other kernels keep their symbols and SASS.
+template <class Base>
+struct FwdTraitsGroupScan : Base {
+  static constexpr bool kGroupScan = true;
+};
+
 struct KArgs {
   void* o;
   float* lse;
@@ -94,6 +104,9 @@ struct KArgs {
   int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
   int tile_overlap;   // 1 (variant 6): the next tile's block scan and first QK^T are issued while
                       // the current tile's last PV GEMM runs (overlap kernels only)
+  int group_meta;     // kGroupScan kernels (variant 7): offset in int32 elements from the block
+                      // metadata of (b, hm) to its group metadata (int4 {LTSmax, LTEmin, UTSmax,
+                      // UTEmin} per group of 32 key blocks); 0 = no group level (every group scanned)
 };
 
 // 1-D bulk copy global -> shared completing on an mbarrier (bytes: multiple of 16, both 16B-aligned).
@@ -136,8 +149,23 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TA const& tA, TB const
 // which block is the last). 32 blocks are classified at a time, one per lane, from the block
 // metadata (SPEC section 3); skipped blocks cost one bit of a ballot. Every warp computes the same
 // sequence, so the producer and the consumers agree on it without sharing a list.
-template <int Bn>
-struct KeptBlocks {
+//
+// kGroups (variant 7): the key blocks are also classified in groups of 32 (a group's metadata is
+// the min/max over its blocks', so a skipped group holds only skipped blocks), 32 groups per
+// ballot; the walk scans only the groups whose test does not skip them, and stops after the last
+// such group instead of scanning every group to nblk. The kept blocks and their order are the
+// same. goff (KArgs::group_meta, passed to every call rather than kept: one register less in the
+// 40-register producer) is the offset of the group metadata from mt; with goff == 0 every group
+// counts as possibly kept (variant 3's walk).
+template <bool kGroups>
+struct KeptGroups {};
+template <>
+struct KeptGroups<true> {
+  unsigned gmask;  // groups of the current chunk of 32 that may hold a kept block
+};
+
+template <int Bn, bool kGroups = false>
+struct KeptBlocks : KeptGroups<kGroups> {
   const int32_t* mt;
   int nblk, ms, me, Sk;
   int base;
@@ -146,20 +174,43 @@ struct KeptBlocks {
   bool nxt_partial;
 
   KeptBlocks() = default;
-  __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_)
+  __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_,
+                                        int goff_ = 0)
       : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), base(0) {
     (void)lane_;
-    scan();
-    advance();
+    if constexpr (kGroups) {
+      base = -32;  // before chunk 0: advance() starts with the group ballot of chunk 0
+      keep = 0u;
+      part = 0u;
+      this->gmask = 0u;
+    } else {
+      scan();
+    }
+    advance(goff_);
   }
-  __device__ __forceinline__ void scan() {
+  // kGroups: with `group` the ballot classifies groups base / 32 .. base / 32 + 31 instead (keep =
+  // the groups that may hold a kept block; a group's metadata is int4 {LTSmax, LTEmin, UTSmax,
+  // UTEmin} at mt + goff; goff == 0: every group that exists). One ballot site for both kinds: with
+  // two, ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the
+  // main loop's GEMM descriptors moved through vector registers).
+  __device__ __forceinline__ void scan(bool group = false, int goff = 0) {
     // the lane id is read here, not kept in a member: a member was one more live register across
     // the consumer's tile loop and ptxas spilled it (variant 6 build)
     unsigned lane;
     asm("mov.u32 %0, %%laneid;" : "=r"(lane));
     const int n = base + (int)lane;
     bool k = false, p = false;
-    if (n < nblk) {
+    if (kGroups && group) {
+      const int g = (base >> 5) + (int)lane;
+      if (32 * g < nblk) {
+        k = true;
+        if (goff != 0) {
+          const int4 x = __ldg(reinterpret_cast<const int4*>(mt + goff) + g);
+          k = !((ms >= x.x && me <= x.y) || (ms >= x.z && me <= x.w));
+        }
+      }
+      p = k;  // the caller takes keep & part: both ballots stay live on both paths (one site)
+    } else if (n < nblk) {
       const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
       const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
       const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
@@ -171,14 +222,41 @@ struct KeptBlocks {
     keep = __ballot_sync(0xffffffffu, k);
     part = __ballot_sync(0xffffffffu, p);
   }
-  __device__ __forceinline__ void advance() {
-    while (keep == 0u) {
-      base += 32;
-      if (base >= nblk) {
-        nxt = -1;
-        return;
+  __device__ __forceinline__ void advance(int goff) {
+    if constexpr (kGroups) {
+      // One flat loop, one ballot site (see scan). gmask holds the not yet visited candidate
+      // groups of the chunk of `base`.
+      while (keep == 0u) {
+        bool group = false;
+        if (this->gmask != 0u) {  // the next candidate group of this chunk: scan its blocks
+          const int bit = __ffs(this->gmask) - 1;
+          this->gmask &= this->gmask - 1u;
+          base = 32 * (((base >> 10) << 5) + bit);
+        } else {  // chunk done (or none yet, base = -32): the group ballot of the next chunk
+          const int c = ((base >> 10) + 1) << 5;  // its first group
+          if (32 * c >= nblk) {
+            nxt = -1;
+            return;
+          }
+          base = 32 * c;
+          group = true;
+        }
+        scan(group, goff);
+        if (group) {
+          this->gmask = keep & part;
+          keep = 0u;
+        }
       }
-      scan();
+    } else {
+      (void)goff;
+      while (keep == 0u) {
+        base += 32;
+        if (base >= nblk) {
+          nxt = -1;
+          return;
+        }
+        scan();
+      }
     }
     const int bit = __ffs(keep) - 1;
     keep &= keep - 1u;
@@ -186,10 +264,10 @@ struct KeptBlocks {
     nxt_partial = (part >> bit) & 1u;
   }
   __device__ __forceinline__ bool has_next() const { return nxt >= 0; }
-  __device__ __forceinline__ int next(bool& partial) {
+  __device__ __forceinline__ int next(bool& partial, int goff = 0) {
     const int n = nxt;
     partial = nxt_partial;
-    advance();
+    advance(goff);
     return n;
   }
 };
@@ -295,11 +373,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
         }
         const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        KeptBlocks<Bn> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
-                              a.Sk, lane);
+        KeptBlocks<Bn, T::kGroupScan> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk,
+                                             ms, me, a.Sk, lane, a.group_meta);
         while (blocks.has_next()) {
           bool partial;
-          const int n = blocks.next(partial);
+          const int n = blocks.next(partial, a.group_meta);
           if (lane == 0) {
             pipe_k.producer_acquire(wr);
             auto* bar = pipe_k.producer_get_barrier(wr);
@@ -352,7 +430,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
     const bool tovl = T::Overlap && a.tile_overlap != 0;
     int t_nxt = -1;
-    KeptBlocks<Bn> blocks_nxt;
+    KeptBlocks<Bn, T::kGroupScan> blocks_nxt;
     bool pend = false, pend_partial = false;
     int pend_n = 0;
     for (int it = 0;; ++it) {
@@ -488,17 +566,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
 
-      KeptBlocks<Bn> blocks =
+      KeptBlocks<Bn, T::kGroupScan> blocks =
           pre ? blocks_nxt
-              : KeptBlocks<Bn>(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me,
-                               a.Sk, lane);
+              : KeptBlocks<Bn, T::kGroupScan>(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk,
+                                              nblk, ms, me, a.Sk, lane, a.group_meta);
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
         // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
         while (blocks.has_next()) {
           bool partial;
-          const int n = blocks.next(partial);
+          const int n = blocks.next(partial, a.group_meta);
           pipe_k.consumer_wait(rd);
           wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           mask_and_release_k(partial, n, rd);
@@ -524,7 +602,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             partial = pend_partial;
             pend = false;
           } else {
-            n = blocks.next(partial);
+            n = blocks.next(partial, a.group_meta);
             pipe_k.consumer_wait(rd);
             wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           }
@@ -539,7 +617,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         while (blocks.has_next()) {
           bool partial;
-          const int n = blocks.next(partial);
+          const int n = blocks.next(partial, a.group_meta);
           const bool last = !blocks.has_next();
           auto rd_prev = rd;
           ++rd;
@@ -593,12 +671,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             decode(t_nxt, m2, h2, b2);
             const int hm2 = h2 / a.heads_per_mask;
             const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
-            blocks_nxt = KeptBlocks<Bn>(a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk,
-                                        nblk, ms2, me2, a.Sk, lane);
+            blocks_nxt = KeptBlocks<Bn, T::kGroupScan>(
+                a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
+                a.group_meta);
             go = blocks_nxt.has_next();
           }
           if (go) {
-            pend_n = blocks_nxt.next(pend_partial);
+            pend_n = blocks_nxt.next(pend_partial, a.group_meta);
             Barrier::wait(&ss.q_full[nslot], nphase);
             pipe_k.consumer_wait(rdn);
             wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
@@ -654,9 +733,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
+// GroupScan: variant 7's kernel (FwdTraitsGroupScan; fwd_dispatch.cu passes p.variant = 7, which
+// launches like 3: persistent grid, bounds staged in smem).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
-  using T = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
+  using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
+  using T = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>, Base>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
@@ -670,7 +752,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // per tile (2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
   // global memory by the consumers (2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6;
+  // Variant 7 = variant 3 with the two-level block walk (GroupScan).
+  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -679,6 +762,24 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   }
   cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
   if (e != cudaSuccess) return e;
+  // Variant 7: group metadata (32 key blocks per group) at meta + group_meta: for (b, hm) at the
+  // offset of its block metadata, int4 {LTSmax, LTEmin, UTSmax, UTEmin} per group (group_meta_sm90).
+  // Only with at least 3 groups: with 1 or 2 the group ballot costs one more metadata round trip
+  // per tile than it can save (S <= 8K at Bn = 128). Needs a 16-byte aligned workspace.
+  int group_meta = 0;
+  if constexpr (GroupScan) {
+    const int ngrp = (nblk + 31) / 32;
+    const int64_t goff = meta_elems + 32;  // after the tile counter; a multiple of 8
+    if (ngrp >= 3 && reinterpret_cast<uintptr_t>(p.meta) % 16 == 0) {
+      if (p.meta_capacity < goff + meta_elems || goff > INT32_MAX) {
+        if (err) *err = "flashmask sm90 forward: metadata workspace too small for variant 7";
+        return cudaErrorInvalidValue;
+      }
+      e = group_meta_sm90(p.meta, p.meta + goff, p.B, p.Hm, nblk, stream);
+      if (e != cudaSuccess) return e;
+      group_meta = (int)goff;
+    }
+  }
 
   const Elem* q = reinterpret_cast<const Elem*>(p.q);
   const Elem* k = reinterpret_cast<const Elem*>(p.k);
@@ -712,6 +813,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
   a.tile_overlap = Overlap && p.variant == 6;
+  a.group_meta = group_meta;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -4,6 +4,7 @@
 #include "params.h"
 
 namespace jfm::sm90 {
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap>
+// GroupScan: the two-level key-block walk (variant 7; false = every other variant).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan = false>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err);
 }  // namespace jfm::sm90

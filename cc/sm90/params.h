@@ -20,7 +20,7 @@ struct FwdParams {
   int B, Sq, Sk, N, K, Hm, d;
   float scale;          // softmax scale applied to q.k
   DType dtype;
-  int variant;          // kernel variant: 1 to 7 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
+  int variant;          // kernel variant: 2 to 7 (see fwd_dispatch.cu and jax_flashmask/_cuda.py)
   // Persistent variants (3, 5, 6, 7): SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g.
   // for NCCL's kernels under context parallelism. Ignored by the one-CTA-per-tile variants.
   int sm_margin;
@@ -36,6 +36,11 @@ int fwd_block_n(int d);
 // Block metadata: for each (b, hm, key block of size bn): min/max of LTS, LTE, UTS, UTE.
 // meta layout [B, Hm, 8, nblk]: LTSmin, LTSmax, LTEmin, LTEmax, UTSmin, UTSmax, UTEmin, UTEmax.
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
+                            cudaStream_t stream);
+// Group metadata (forward variant 7): per group g of 32 key blocks, int4 {LTSmax, LTEmin, UTSmax,
+// UTEmin} over the group's blocks of `meta`, at gmeta + (b * Hm + hm) * 8 * nblk + 4 * g (gmeta
+// 16-byte aligned; the (b, hm) offsets are those of meta's [B, Hm, 8, nblk] layout).
+cudaError_t group_meta_sm90(const int32_t* meta, int32_t* gmeta, int B, int Hm, int nblk,
                             cudaStream_t stream);
 
 

@@ -64,7 +64,10 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 
 # Kernel variants exercised by every check (jax_flashmask._cuda.TESTED_VARIANTS): 2 = one CTA per
 # tile, 3 = persistent grid with a dynamic tile counter and smem-staged bounds (the default),
-# 4 = one CTA per tile with smem-staged bounds, 6 = 3 + tile-boundary overlap.
+# 4 = one CTA per tile with smem-staged bounds, 6 = 3 + tile-boundary overlap, 7 = 3 with the
+# two-level key-block walk (groups of 32 blocks; its group level only from 3 groups on, i.e. Sk > 8K
+# at d = 64/128: the small cases here run it with the level off; test_group_scan_bit_identical
+# runs it on).
 # JFM_TEST_VARIANTS="3,6" overrides the list (the device script runs new variants in a separate,
 # time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
@@ -223,7 +226,7 @@ def test_sm_margin_identical(d):
     q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, 2, S, S)):
         b = jnp.asarray(b)
-        for var in sorted(v for v in ({3, 5, 6, 8, 9} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
+        for var in sorted(v for v in ({3, 5, 6, 7} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
             ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
             ro = np.asarray(ro.astype(jnp.float32))
             rl = np.asarray(rl)
@@ -266,3 +269,49 @@ def test_check_supported_errors():
     with pytest.raises(NotImplementedError):
         _cuda.check_supported((1, 8, 2, 128), jnp.float32, 128)
     _cuda.check_supported((1, 8, 2, 128), jnp.bfloat16, 128)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_group_scan_bit_identical(d):
+    """Variant 7 (two-level key-block walk: groups of 32 key blocks classified first) visits the same
+    key blocks in the same order as variant 3, so outputs and LSE are equal bit for bit. Run where
+    its group level is on (>= 3 groups): the 12 mask families at S = 12800 (d = 256, 64-key blocks:
+    6400), and a cross-attention case with more than 32 groups (two group ballots per query tile),
+    kept windows separated by skipped groups in both chunks, a ragged last key block and a query
+    tile that keeps no block at all."""
+    v7 = getattr(_cuda, "GROUP_SCAN_VARIANT", None)
+    if v7 is None or not _supported(v7, jnp.bfloat16, d):
+        pytest.skip(f"forward variant 7 (group walk) not compiled for d={d}")
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    S = 12800 if d < 256 else 6400
+    q, k, v = _inputs(rng, 1, S, S, 4, 2, d, jnp.bfloat16)
+    cases = [(f"{name} S={S}", bb, scale) for name, bb in _suite(S, seed).items()
+             for scale in (d ** -0.5,)]
+    cases.append(("random S=%d large logits" % S, random_bounds(rng, 1, 1, S, S), 40.0 / d ** 0.5))
+    for label, bb, scale in cases:
+        bb = jnp.asarray(bb)
+        o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
+        o7, l7 = _cuda.forward(q, k, v, bb, scale=scale, variant=v7)
+        msg = f"seed={seed} {label} d={d}"
+        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
+                                      err_msg=msg)
+        np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
+    # more than 32 groups (1094 key blocks), both dtypes
+    Sq = 384
+    Sk = 140004 if d < 256 else 70004  # not a multiple of the key block: ragged last block
+    b = np.zeros((1, 1, 4, Sk), np.int32)
+    b[:, :, 1] = Sq  # every column masked for every row ...
+    for lo, hi in ((1000, 1300), (Sk // 2, Sk // 2 + 100), (Sk - 3000, Sk - 2500), (Sk - 50, Sk)):
+        b[0, 0, 0, lo:hi] = rng.integers(0, 256, hi - lo)  # ... but rows [0, LTS) in four windows
+    for dtype in (jnp.bfloat16, jnp.float16):
+        q, k, v = _inputs(rng, 1, Sq, Sk, 2, 1, d, dtype)
+        o3, l3 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=3)
+        o7, l7 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=v7)
+        msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d} dtype={dtype.__name__}"
+        o3 = np.asarray(o3.astype(jnp.float32))
+        l3 = np.asarray(l3)
+        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), o3, err_msg=msg)
+        np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
+        assert np.all(l3[0, 256:] == -np.inf) and np.all(o3[0, 256:] == 0.0), msg  # the empty tile
+        assert np.all(np.isfinite(l3[0, :200])), msg
