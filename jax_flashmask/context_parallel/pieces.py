@@ -80,35 +80,12 @@ def _kernels(cfg: PieceConfig, margin: int):
 
     attention_mod = importlib.import_module("jax_flashmask.attention")
     fwd, bwd = attention_mod._kernels(cfg.implementation, int(margin))
-    if cfg.implementation == "reference":  # its backward re-derives its own stats: use ours
-        bwd = _dense_backward
+    if cfg.implementation == "reference":
+        # its backward re-derives its own statistics; the portable one takes the given (out, lse)
+        from .. import _xla
+
+        bwd = _xla.backward
     return fwd, bwd
-
-
-def _dense_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
-    """Dense flash-style backward from *given* (out, lse): P = exp(S - lse),
-    D = rowsum(dO * out) - dlse, dS = P * (dP - D). For the reference implementation (tests)."""
-    from ..masks import dense_from_bounds
-
-    del deterministic
-    f32 = jnp.float32
-    b, sq, n, d = q.shape
-    kh, hm = k.shape[2], bounds.shape[1]
-    masked = jnp.repeat(dense_from_bounds(bounds, sq), n // hm, axis=1)  # [B, N, Sq, Sk]
-    kx = jnp.repeat(k, n // kh, axis=2).astype(f32)
-    vx = jnp.repeat(v, n // kh, axis=2).astype(f32)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), kx) * scale
-    l = jnp.transpose(lse, (0, 2, 1))[..., None]  # [B, N, Sq, 1]
-    p = jnp.where(masked | ~jnp.isfinite(l), 0.0, jnp.exp(s - jnp.where(jnp.isfinite(l), l, 0.0)))
-    do = dout.astype(f32)
-    dd = jnp.sum(do * out.astype(f32), axis=-1) - dlse.astype(f32)  # [B, Sq, N]
-    dp = jnp.einsum("bqhd,bkhd->bhqk", do, vx)
-    ds = p * (dp - jnp.transpose(dd, (0, 2, 1))[..., None])
-    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, kx) * scale
-    dkx = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32)) * scale
-    dvx = jnp.einsum("bhqk,bqhd->bkhd", p, do)
-    fold = lambda x: x.reshape(x.shape[:2] + (kh, n // kh, d)).sum(3)  # noqa: E731
-    return dq.astype(q.dtype), fold(dkx).astype(k.dtype), fold(dvx).astype(v.dtype)
 
 
 def _fully_masked(lb, n_rows):
