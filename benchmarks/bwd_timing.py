@@ -18,7 +18,6 @@ cuDNN covers full, causal and sliding_window (local_window_size).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flashmask import _cuda, masks
+from kernel_timing import json_rows  # a sibling script (benchmarks/ is sys.path[0])
 
 _bwd = _cuda.backward
 
@@ -118,14 +118,7 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dtype = jnp.bfloat16
-    rows = []
-
-    def emit(r):  # print the row; rewrite --json after every row (a cut run keeps what it timed)
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-        if a.json:
-            with open(a.json, "w") as fh:
-                json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+    rows, emit = json_rows(a.json)
 
     for S in a.seqs:
         B = max(1, a.tokens // S)

@@ -34,6 +34,21 @@ def timeit(f, *args, iters=10, warmup=3):
     return statistics.median(ts)
 
 
+def json_rows(path):
+    """(rows, emit): emit(r) appends r, prints it as a JSON line and, with a path, rewrites the
+    JSON file after every row (a run cut by its timeout keeps what it timed). bwd_timing.py too."""
+    rows = []
+
+    def emit(r):
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        if path:
+            with open(path, "w") as fh:
+                json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+
+    return rows, emit
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, nargs="+", default=[8192])
@@ -49,14 +64,7 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dtype = jnp.dtype(a.dtype)
-    rows = []
-
-    def emit(r):  # print the row; rewrite --json after every row (a cut run keeps what it timed)
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-        if a.json:
-            with open(a.json, "w") as fh:
-                json.dump(dict(device=str(jax.devices()[0]), rows=rows), fh, indent=1)
+    rows, emit = json_rows(a.json)
 
     for S in a.seqs:
         B = max(1, a.tokens // S)
