@@ -281,7 +281,8 @@ DEFAULT_BWD_DQ_MODE = 1
 # replaces: 7.9 on full).
 BWD_VARIANTS = (5, 6, 7, 9)
 BWD_ROWS128_VARIANT = 7
-DEFAULT_BWD_VARIANT = 5  # the base variant (d = 256's nominal number; until session 4 d = 128's). H200 2026-11-30 run B: 37 GPU tests, sanitizers
+DEFAULT_BWD_VARIANT = 5  # the base variant (d = 256's nominal number; d = 128's until session 4).
+                         # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
                          # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
                          # Variant 6 (session 3, runs 1-2): 62 GPU tests, sanitizers clean, dK/dV
@@ -295,8 +296,8 @@ PERSISTENT_BWD_VARIANT = 6
 def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 9 at d = 128, 5 at d = 256). ValueError for a variant that
-    is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 9 at d = 128, 5 at d = 256). ValueError for a
+    variant that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
         if int(sm_margin) > 0:
@@ -328,7 +329,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     order in both modes. Needs dq_mode 1 (the default).
 
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
-    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5 and 7 ignore it.
+    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7 and 9 ignore it.
 
     variant=None: 6 when sm_margin > 0, else 7 at d = 64 and 9 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.

@@ -195,7 +195,7 @@ def local_context_parallel_attention(
         bounds = canonical_bounds(ind, causal=causal, q_len=s)
     loc = localize_rows(bounds, my_chunks, c)  # [B, Hm, 4, S]: rows localized, columns global
     kw = dict(scale=scale, implementation=implementation, skip_masked=skip_masked, extra=extra)
-    _hint_directions(schedule_hints)  # validate early
+    hint_dirs = _hint_directions(schedule_hints)  # (forward, backward); validates early
     if (overlap_sm_margin is not None or schedule_hints) and (
             schedule is None or comm not in ("ring", "hierarchical")):
         raise ValueError("overlap_sm_margin / schedule_hints apply to comm='ring'|'hierarchical' "
@@ -209,7 +209,7 @@ def local_context_parallel_attention(
         fused = dict(implementation=attention_mod._choose(implementation, query), scale=scale,
                      head_dim=d, deterministic=bool(extra.get("deterministic", False)),
                      base_margin=int(extra.get("sm_margin", 0)), overlap_margin=overlap_sm_margin,
-                     hints=_hint_directions(schedule_hints))
+                     hints=hint_dirs)
     elif overlap_sm_margin is not None or schedule_hints:
         raise ValueError("overlap_sm_margin / schedule_hints need the library's own attention "
                          "(attention_fn=None, attention_kwargs within {sm_margin, deterministic}, "
