@@ -21,8 +21,9 @@
 // 2026-11-29/30 steps towards 5: no warp specialization, warp specialization without ping-pong,
 // ping-pong with generic-address dS stores, early dK issue) and 8 (5 with the dQ GEMM issued in
 // the math, behind dK: equal to 5 on the H200) were measured and are gone: NOTES.md.
-// Variant 9 = variant 5 with the O(1) tile walk of bwd_find_kept (BwdJumpWalk; d = 64, 128; the
-// default at d = 128).
+// Every kernel (variants 5, 6, 7 and the d = 256 kernel of bwd_d256_kernel.cuh) walks the kept
+// query tiles of its key block with the O(1) walk of bwd_find_kept (at most three jumps over the
+// skipped tiles; until 2026-12-01 variant 9, now the only walk: benchmarks/NOTES_bwd_walkall.md).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -50,7 +51,6 @@ struct BwdTraits {
   static constexpr int kDsBufs = 2;  // dS tiles in smem
   static constexpr int kDqBufs = 2;  // fp32 dQ tiles in smem
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
-  static constexpr bool kJumpWalk = false;  // true: variant 9 (BwdJumpWalk, bwd_find_kept)
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
@@ -135,14 +135,6 @@ struct BwdTraits {
   };
 };
 
-// Variant 9: variant 5's kernel (flashmask_bwd_pp_kernel, Bm = 64, d = 64 and 128) with the
-// O(1) tile walk of bwd_find_kept instead of its tile-by-tile scan: the same tiles in the same
-// order, so the same results bit for bit (NOTES_bwd_partial.md).
-template <class Base>
-struct BwdJumpWalk : Base {
-  static constexpr bool kJumpWalk = true;
-};
-
 struct BwdArgs {
   const int32_t* bounds;
   const int32_t* meta;
@@ -225,12 +217,14 @@ __device__ __forceinline__ void bwd_skip_range(int lo, int hi, int Sq, int mblk,
 
 // Advances (g, m) -- head g of the kv group, query tile m -- to the first tile at or after it that
 // key block n does not skip (SPEC section 3 classification on the block metadata). Uniform over
-// the CTA. Returns false when the walk is over. Jump = false: tile by tile (variants 5-8; every
-// skipped tile is one trip of the loop); true (variant 9): the skipped tiles of a key block are
-// the two ranges [s1, e1) (inside [LTSmax, LTEmin)) and [s2, e2) (inside [UTSmax, UTEmin)), so the
+// the CTA. Returns false when the walk is over. The tiles a key block skips are the union of two
+// ranges, [s1, e1) (inside rows [LTSmax, LTEmin)) and [s2, e2) (inside [UTSmax, UTEmin)), so the
 // next kept tile is at most three jumps away (the third when the second range ends inside the
-// first); benchmarks/bwd_mask_model.py --walk-check compares the two walks.
-template <int Bm, int Bn, bool Jump = false>
+// first): no loop over skipped tiles (a tile-by-tile scan cost every CTA a trip per query tile of
+// its key block, 14-37 % of the masked backward: benchmarks/NOTES_bwd_partial.md). m is first
+// tested as a kept tile, so a kept m costs no range arithmetic. benchmarks/bwd_mask_model.py
+// --walk-check compares this walk with the scan (Bm 64 / 128, Bn 128 / 64).
+template <int Bm, int Bn>
 __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, int n, int& g,
                                               int& m, bool& partial) {
   const bool ragged = (n + 1) * Bn > a.Sk;
@@ -242,32 +236,21 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
     const int lte_mn = __ldg(mt + 2 * a.nblk), lte_mx = __ldg(mt + 3 * a.nblk);
     const int uts_mn = __ldg(mt + 4 * a.nblk), uts_mx = __ldg(mt + 5 * a.nblk);
     const int ute_mn = __ldg(mt + 6 * a.nblk), ute_mx = __ldg(mt + 7 * a.nblk);
-    if constexpr (Jump) {
+    if (m >= a.mblk) continue;
+    int ms = m * Bm, me = min(ms + Bm, a.Sq);
+    if ((ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn)) {
+      int s1, e1, s2, e2;  // m is skipped: jump
+      bwd_skip_range<Bm>(lts_mx, lte_mn, a.Sq, a.mblk, s1, e1);
+      bwd_skip_range<Bm>(uts_mx, ute_mn, a.Sq, a.mblk, s2, e2);
+      if (m >= s1 && m < e1) m = e1;
+      if (m >= s2 && m < e2) m = e2;
+      if (m >= s1 && m < e1) m = e1;
       if (m >= a.mblk) continue;
-      int ms = m * Bm, me = min(ms + Bm, a.Sq);
-      if ((ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn)) {
-        // m is skipped (the scan's first test, so a kept m costs what it costs variant 5): jump
-        int s1, e1, s2, e2;
-        bwd_skip_range<Bm>(lts_mx, lte_mn, a.Sq, a.mblk, s1, e1);
-        bwd_skip_range<Bm>(uts_mx, ute_mn, a.Sq, a.mblk, s2, e2);
-        if (m >= s1 && m < e1) m = e1;
-        if (m >= s2 && m < e2) m = e2;
-        if (m >= s1 && m < e1) m = e1;
-        if (m >= a.mblk) continue;
-        ms = m * Bm;
-        me = min(ms + Bm, a.Sq);
-      }
-      partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
-      return true;
-    } else {
-      for (; m < a.mblk; ++m) {
-        const int ms = m * Bm, me = min(ms + Bm, a.Sq);
-        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-        if (skip) continue;
-        partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
-        return true;
-      }
+      ms = m * Bm;
+      me = min(ms + Bm, a.Sq);
     }
+    partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
+    return true;
   }
   return false;
 }
@@ -387,7 +370,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   int g = 0, m = 0;
   bool partial = false;
-  bool have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
 
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
@@ -429,7 +412,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                    Bm * (int)sizeof(float));
           if (++stage == S) { stage = 0; phase ^= 1; }
           ++m;
-          have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
       }
     } else if (warp == 1) {
@@ -475,7 +458,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           __syncwarp();
           if (++buf == 2) { buf = 0; phase ^= 1; }
           ++m;
-          have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
@@ -670,7 +653,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       lin1 = (b * a.N + h) * a.mblk + m;
 
       ++m;
-      have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+      have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
       if (!have) break;
       ++t;
     }
@@ -1356,8 +1339,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 9) return launch_bwd_impl<BwdJumpWalk<BwdTraits<Elem, D>>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7 or 9";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6 or 7";
   return cudaErrorInvalidValue;
 }
 

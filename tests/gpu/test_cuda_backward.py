@@ -531,7 +531,7 @@ def test_rows128_variant_d_check_and_workspace():
 
 def test_default_variant_per_head_dim():
     """variant=None runs variant 7 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 9 at d = 128
+    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 5 at d = 128
     (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
     import re
     _need(jnp.bfloat16, 64)
@@ -554,7 +554,7 @@ def test_default_variant_per_head_dim():
     _need(jnp.bfloat16, 128)
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    assert re.search(r"variant = 9\b", hlo())
+    assert re.search(r"variant = 5\b", hlo())
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
@@ -663,14 +663,15 @@ def test_sm_margin_validation():
             _cuda.backward(q, k, v, b, out, lse, do, None, scale=0.1, variant=6, sm_margin=bad)
 
 
-# --------------------------------------------------------------------------- variant 9 (O(1) walk)
+# --------------------------------------------------------------------------- the O(1) tile walk
 
 
 def _jump_bounds(rng, B, Hm, Sq, Sk):
     """Per key column: rows [200, 600) and [0, 300) masked, with a few rows of jitter, on top of
     columns with document-like windows: key blocks whose skipped query tiles are two overlapping
-    ranges, the second ending inside the first (the third jump of bwd_find_kept<.., true>), plus
-    gaps in the middle of a key block's tiles and ragged last tiles."""
+    ranges, the second ending inside the first (the third jump of bwd_find_kept, at Bm = 64 and
+    128 and at 64 or 128 keys per block), plus gaps in the middle of a key block's tiles and
+    ragged last tiles."""
     b = np.empty((B, Hm, 4, Sk), np.int64)
     j = rng.integers(0, 9, (B, Hm, Sk))
     b[:, :, 0], b[:, :, 1] = 200 + j, 600 - j
@@ -685,45 +686,31 @@ def _jump_bounds(rng, B, Hm, Sq, Sk):
     return np.clip(b, 0, Sq).astype(np.int32)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("case", ["suite", "random_gqa", "jumps", "empty_items"])
-def test_variant9_bitwise_equals_variant5(case, d):
-    """Variant 9 is variant 5 with the O(1) tile walk (bwd_find_kept<Bm, Bn, true>): the same
-    query tiles in the same order for every key block, hence the same products in the same order:
-    dK/dV bitwise equal to variant 5 in both modes, dQ too in deterministic mode. suite: the twelve
-    benchmark masks (skips at the start, in the middle and at the end of a key block's tiles);
-    random_gqa: 4 query heads per kv head over 2 mask heads (the walk restarts per head);
-    jumps: two overlapping skip ranges per key block, ragged Sq; empty_items: key blocks that keep
-    no tile."""
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_walk_jumps(d, variant):
+    """Every kernel walks a key block's query tiles with the O(1) walk of bwd_find_kept (until
+    2026-12-01 variant 9; the tile-by-tile scan is gone, so there is no GPU kernel left to compare
+    it with bitwise: benchmarks/bwd_mask_model.py --walk-check, run by tests/test_bench_smoke.py,
+    checks on the host that the walk returns the scan's tile for every start tile). Here: bounds
+    whose key blocks need all three jumps, windows in the middle of a key block's tiles, ragged
+    Sq, two mask heads over a GQA group (the walk restarts per head), against the float64
+    reference in the default (both dQ modes) and the deterministic mode (bitwise repeatable)."""
     _need(jnp.bfloat16, d)
-    if not (5 in VARIANTS and 9 in VARIANTS):
-        pytest.skip("variants 5 and 9 not both under test")
+    if d == 256 and variant != VARIANTS[0]:
+        pytest.skip("d=256: one kernel for every variant number (run once)")
+    if variant not in _variants_for(d):
+        pytest.skip(f"variant {variant} is compiled for d=64 only")
     rng = np.random.default_rng(17)
-    if case == "suite":
-        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
-        bs = list(_suite(Sq, 17, B).values())
-    elif case == "random_gqa":
-        B, Sq, Sk, N, K = 2, 1100, 1300, 8, 2
-        bs = [random_bounds(rng, B, 2, Sq, Sk)]
-    elif case == "jumps":
-        B, Sq, Sk, N, K = 2, 1000, 900, 4, 4
-        bs = [_jump_bounds(rng, B, 1, Sq, Sk)]
-    else:
-        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
-        b = np.zeros((B, 1, 4, Sk), np.int32)
-        b[:, :, 0] = 0; b[:, :, 1] = Sq  # fully masked columns ...
-        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]  # ... but these
-        bs = [b]
+    B, Sq, Sk, N, K = 2, 1000, 900, 8, 2
+    b = _jump_bounds(rng, B, 2, Sq, Sk)
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    for i, b in enumerate(bs):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=9),
-                                f"case={case} mask {i} d={d}")
-    if case == "jumps":  # and against the float64 reference
-        _check(q, k, v, do, bs[0], seed="v9 jumps", rng=rng, fn=lambda *a: _bwd(
-            *a, scale=d ** -0.5, variant=9))
+    for mode in (1, 0):
+        _check(q, k, v, do, b, seed="jumps", rng=rng, dq_mode=mode, variant=variant)
+    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=variant))
+    r1 = _check(q, k, v, do, b, seed="jumps det", rng=np.random.default_rng(1), fn=det)
+    r2 = _check(q, k, v, do, b, seed="jumps det", rng=np.random.default_rng(1), fn=det)
+    _assert_same_bits(r1, r2, f"jumps d={d} variant={variant}")
 
 
 # --------------------------------------------------------------------------- head dim 256 kernel
