@@ -16,10 +16,12 @@ CPU only (numpy). benchmarks/NOTES_bwd_partial.md explains the numbers.
   kernels' tile shapes (Bm, Bn) = (64, 128) variants 5 / 6, (128, 128) variant 7, (64, 64) d = 256;
   and it catches a dropped third jump and an off-by-one in the range ends.
 
+* ``mask_check``: variants 10 / 11's element-mask bits (bwd_col_mask: the thread's query columns
+  below each bound, bmsk.clamp) equal the per-element test of variants 5 / 7.
 * ``predict``: the model's times on bwd_timing.py's masks with the scan, with the O(1) walk, and
   with the partial path scaled (``--dp-ratio``), from the fitted coefficients (PRESETS).
 
-Usage: python benchmarks/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check]
+Usage: python benchmarks/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check] [--mask-check]
        [--predict d128 d64 d64r128 [--dp-ratio R] [--masks ...]]
 """
 
@@ -231,6 +233,81 @@ def walk_check(sizes=(4096, 8192), rand_cases=300, seed=0) -> int:
     return bad
 
 
+# ----------------------------------------------------------------------------- element mask bits
+
+
+def bmsk_clamp(pos: int, width: int) -> int:
+    """PTX bmsk.clamp.b32 (pos, width as u32): bits [pos, pos + width), clamped at bit 31."""
+    pos, width = pos & 0xFFFFFFFF, width & 0xFFFFFFFF
+    mask0 = 0 if pos >= 32 else (0xFFFFFFFF << pos) & 0xFFFFFFFF
+    a1, b1 = pos & 31, width & 31
+    if a1 + b1 >= 32 or pos >= 32 or width >= 32:
+        mask1 = 0
+    elif b1 == 0:
+        mask1 = 0xFFFFFFFF
+    else:
+        mask1 = (0xFFFFFFFF << (a1 + b1)) & 0xFFFFFFFF
+    return mask0 & ~mask1 & 0xFFFFFFFF
+
+
+def cols_below(x: int, lo: int, Bm: int) -> int:
+    """bwd_cols_below: the thread's query columns lo + 8*kk + j below x."""
+    y = min(max(x, lo), lo + Bm) - lo
+    return 2 * (y >> 3) + min(y & 7, 2)
+
+
+def col_mask(lts: int, lte: int, uts: int, ute: int, lo: int, Bm: int) -> int:
+    """bwd_col_mask (variants 10 / 11): bit 2*kk + j <=> lo + 8*kk + j in [lts, lte) u [uts, ute)."""
+    a1, b1 = cols_below(lts, lo, Bm), cols_below(lte, lo, Bm)
+    a2, b2 = cols_below(uts, lo, Bm), cols_below(ute, lo, Bm)
+    return bmsk_clamp(a1, max(b1 - a1, 0)) | bmsk_clamp(a2, max(b2 - a2, 0))
+
+
+def mask_check(cases: int = 20000, seed: int = 0) -> int:
+    """col_mask against the per-element test of variants 5 / 7, `koob || (lts <= q && q < lte) ||
+    (uts <= q && q < ute)` (koob folded into [INT_MIN, INT_MAX), [0, 0)), for every element of a
+    thread (Bm 64 and 128, col_base 0/2/4/6): random tiles and bounds around the tile, empty and
+    reversed ranges, int32 extremes; and that a wrong count (min(r, 1)) or bmsk without the
+    max(., 0) would be caught. Returns the number of mismatching elements."""
+    rng = np.random.default_rng(seed)
+    I32 = (-(2 ** 31), 2 ** 31 - 1)
+    bad = wrong_cnt = wrong_w = 0
+    for c in range(cases):
+        Bm = 64 if c % 2 else 128
+        ms = int(rng.integers(0, 4000)) * Bm
+        cb = 2 * int(rng.integers(0, 4))
+        lo = ms + cb
+
+        def bound():
+            r = rng.random()
+            if r < 0.05:
+                return int(rng.choice(I32))
+            if r < 0.15:
+                return int(rng.integers(-3 * Bm, 3 * Bm)) + ms
+            return ms + int(rng.integers(-10, Bm + 10))
+
+        koob = rng.random() < 0.03
+        b = (I32[0], I32[1], 0, 0) if koob else tuple(bound() for _ in range(4))
+        mk = col_mask(*b, lo, Bm)
+        for kk in range(Bm // 8):
+            for j in range(2):
+                q = lo + 8 * kk + j
+                want = (b[0] <= q < b[1]) or (b[2] <= q < b[3])
+                bad += bool(mk >> (2 * kk + j) & 1) != want
+        # the mutations
+        def cb1(x):
+            y = min(max(x, lo), lo + Bm) - lo
+            return 2 * (y >> 3) + min(y & 7, 1)
+        a1, b1 = cb1(b[0]), cb1(b[1])
+        wrong_cnt += bmsk_clamp(a1, max(b1 - a1, 0)) != bmsk_clamp(
+            cols_below(b[0], lo, Bm), max(cols_below(b[1], lo, Bm) - cols_below(b[0], lo, Bm), 0))
+        a1, b1 = cols_below(b[0], lo, Bm), cols_below(b[1], lo, Bm)
+        wrong_w += bmsk_clamp(a1, b1 - a1) != bmsk_clamp(a1, max(b1 - a1, 0))
+    print(f"element mask bits (variants 10 / 11) vs the per-element test: {cases} thread-tiles x 16 / 32 "
+          f"elements, {bad} mismatches; caught: min(r, 1) count {wrong_cnt}, width without max {wrong_w}")
+    return bad + (wrong_cnt == 0) + (wrong_w == 0)
+
+
 # ----------------------------------------------------------------------------- predictions
 
 # Fitted coefficients (us per tile / partial tile / skipped tile per SM, K0 in us per call) of
@@ -247,14 +324,17 @@ PRESETS = {
 }
 
 
-def predict(S: int, preset: str, masks=None, dp_ratio: float = 1.0, seed=0, tokens=131072, H=32):
+def predict(S: int, preset: str, masks=None, dp_ratio: float = 1.0, seed=0, tokens=131072, H=32,
+            dp: float | None = None):
     """Model times (ms) and TFLOP/s (bwd_timing.py's convention) on bwd_timing.py's masks
     (benchmark_suite(S, seed)): `scan` = the tile-by-tile scan (the kernels before 2026-12-01),
     `walk` = the O(1) walk (c_scan term gone), `walk+mask` = the walk and dP scaled by dp_ratio
     (the cheaper partial-tile mask: ratio of the partial path's extra instructions)."""
     from jax_flashmask import masks as Mk
 
-    c = PRESETS[preset]
+    c = dict(PRESETS[preset])
+    if dp is not None:  # another partial-tile cost than the preset's fit
+        c["dP"] = dp
     B = max(1, tokens // S)
     suite = Mk.benchmark_suite(S, seed, batch=1)
     st = stats(S, c["Bm"], seed)
@@ -271,7 +351,7 @@ def predict(S: int, preset: str, masks=None, dp_ratio: float = 1.0, seed=0, toke
         rho = float(Mk.block_sparsity(suite[name], S, 128))
         flops = 2.5 * 4.0 * B * H * S * S * c["d"] * (1 - rho)
         rows.append((name, scan / 1e3, walk / 1e3, cheap / 1e3, flops))
-    print(f"S = {S}, preset {preset} ({PRESETS[preset]}), dP ratio {dp_ratio:.3f}")
+    print(f"S = {S}, preset {preset} ({c}), dP ratio {dp_ratio:.3f}")
     print(f"{'mask':22s} {'scan ms':>8s} {'walk ms':>8s} {'+mask ms':>8s}  {'TFLOP/s scan -> walk -> +mask':>30s}  "
           f"{'walk':>6s} {'mask':>6s}")
     for name, a, b, cc, fl in rows:
@@ -287,24 +367,31 @@ def main() -> int:
     ap.add_argument("--fit", nargs="*", default=[])
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--walk-check", action="store_true")
+    ap.add_argument("--mask-check", action="store_true",
+                    help="variants 10 / 11's element-mask bits against the per-element test")
     ap.add_argument("--predict", nargs="*", default=[], choices=sorted(PRESETS),
                     help="model predictions at each --S on bwd_timing.py's masks")
     ap.add_argument("--dp-ratio", type=float, default=1.0,
                     help="with --predict: partial-path cost of the new mask / the old one")
+    ap.add_argument("--dp", type=float, default=None,
+                    help="with --predict: dP (us per partial tile) instead of the preset's")
     ap.add_argument("--masks", nargs="*", default=None)
     a = ap.parse_args()
     if a.predict:
         for S in a.S:
             for pr in a.predict:
-                predict(S, pr, a.masks, a.dp_ratio)
+                predict(S, pr, a.masks, a.dp_ratio, dp=a.dp)
         return 0
     for S in a.S:
         print_stats(S, a.bm)
     if a.fit:
         fit(a.fit, a.bm, a.d)
+    bad = 0
     if a.walk_check:
-        return 1 if walk_check() else 0
-    return 0
+        bad += walk_check()
+    if a.mask_check:
+        bad += mask_check()
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

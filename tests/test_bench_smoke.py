@@ -270,3 +270,14 @@ def test_bwd_walk_check():
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
     assert model.walk_check(sizes=(2048,), rand_cases=90) == 0
+
+
+def test_bwd_mask_bits_check():
+    """benchmarks/bwd_mask_model.py --mask-check: variants 10 / 11's element-mask bits (the thread's
+    query columns below each bound, bmsk.clamp) equal variant 5 / 7's per-element test, for
+    Bm 64 / 128, every col_base, int32 extremes, empty / reversed ranges and folded key columns >= Sk;
+    and the check catches a wrong count and a width without max(., 0)."""
+    spec = importlib.util.spec_from_file_location("bwd_mask_model", ROOT / "benchmarks" / "bwd_mask_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.mask_check(cases=5000) == 0
