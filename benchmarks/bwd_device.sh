@@ -11,6 +11,7 @@
 #   fails or hangs, it is dropped from the later stages (no budget lost to it) and they run the
 #   base variant ($JFM_BWD_BASE, default 5: the default) alone.
 #   JFM_BWD_TIME_EXTRA: further variants timed (not tested) after base and new (default none).
+#   JFM_BWD_SMOKE_VARIANTS: the variants of the smoke run (default $JFM_BWD_NEW; e.g. "10 11").
 #   The timing validates too: every configuration of a mask against the first one (bwd_timing.py
 #   `check`, `CHECK FAILED` lines: variant 6 vs 5, dK/dV bitwise).
 set -u -o pipefail
@@ -33,8 +34,9 @@ SAN_ARGS=${JFM_BWD_SAN_ARGS:---variants $NEW}
 for st in $STAGES; do
   case $st in
   smoke)
-    timeout ${JFM_T_SMOKE:-30} $PY benchmarks/bwd_timing.py --small --variants $NEW > "$OUT/smoke_v$NEW.log" 2>&1
-    rc=$?; echo "variant $NEW smoke rc=$rc: $(tail -1 "$OUT/smoke_v$NEW.log")"; el
+    SMOKE=${JFM_BWD_SMOKE_VARIANTS:-$NEW}
+    timeout ${JFM_T_SMOKE:-30} $PY benchmarks/bwd_timing.py --small --variants $SMOKE > "$OUT/smoke_v$NEW.log" 2>&1
+    rc=$?; echo "variants $SMOKE smoke rc=$rc: $(tail -1 "$OUT/smoke_v$NEW.log")"; el
     if [ $rc -ne 0 ]; then
       echo "variant $NEW FAILED its smoke run: dropped from tests, timing and sanitizers"
       export JFM_BWD_TEST_VARIANTS=$BASE

@@ -5,13 +5,15 @@ custom call alone (forward outputs precomputed). cuDNN: jax.vjp of dot_product_a
 fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward FlashMask convention
 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
-       [--variants 5 6 7] [--det 0 1] (kernel variants; default and deterministic mode; 7: --d 64 only)
+       [--variants 5 6 7 10 11] [--det 0 1] (kernel variants; default and deterministic mode; 7, 11:
+       --d 64 only)
        [--sm-margin 0 8] (SMs left free; variant 6 only, the others ignore it and run once)
        [--d 256 --heads 16] [--portable] (head dim; also time the portable XLA backward)
 Validation in the same run: every configuration of a (S, mask) is compared with the first one
 timed in the same mode (default / deterministic; e.g. `--variants 5 6`: variant 6 against 5):
 dq/dk/dv relative error (< 1e-2 or `CHECK FAILED`), and whether they are bitwise equal (expected
-for 6 vs 5: dk/dv always, dq in deterministic mode) -- the `check` field of each row.
+for 6 and 10 vs 5, 11 vs 7: dk/dv always, dq in deterministic mode) -- the `check` field of each
+row.
 cuDNN covers full, causal and sliding_window (local_window_size).
 """
 
@@ -45,11 +47,11 @@ def timeit(f, *args, iters=10, warmup=2):
 def small_cases(variants=None):
     """A few small launches (both dQ modes, d 64/128/256, ragged, GQA) for compute-sanitizer.
     variants: kernel variants to run (default: all compiled; d=256: the first one only, one kernel
-    for every variant number; variant 7: the d=64 cases only, incl. a bf16 GQA case with three
-    128-row query tiles, the last one partial)."""
+    for every variant number; variants 7 and 11: the d=64 cases only, incl. a bf16 GQA case with
+    three 128-row query tiles, the last one partial)."""
     import numpy as np
     rng = np.random.default_rng(0)
-    rows128 = getattr(_cuda, "BWD_ROWS128_VARIANT", None)
+    rows128 = tuple(getattr(_cuda, "BWD_ROWS128_VARIANTS", (getattr(_cuda, "BWD_ROWS128_VARIANT", None),)))
     for (Sq, Sk, N, K, d, dt) in [(129, 200, 4, 2, 128, jnp.bfloat16), (70, 333, 2, 1, 64, jnp.float16),
                                   (300, 333, 4, 2, 64, jnp.bfloat16),
                                   (150, 197, 4, 2, 256, jnp.bfloat16)]:
@@ -62,7 +64,7 @@ def small_cases(variants=None):
         b = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
         vs = variants or getattr(_cuda, "BWD_VARIANTS", (1,))
-        vs = [x for x in vs if x != rows128 or d == 64]  # variant 7: d = 64 only
+        vs = [x for x in vs if x not in rows128 or d == 64]  # variants 7, 11: d = 64 only
         for variant in (vs[:1] if d == 256 else vs):  # d=256: one kernel for every variant
             for mode, det in ((1, False), (0, False), (1, True)):
                 # variant 6 also with 4 CTAs (sm_margin): several items per CTA, both slots
@@ -136,7 +138,12 @@ def main():
             rho = float(masks.block_sparsity(m, S, 128))
             flops = 2.5 * 4.0 * B * H * S * S * d * (1 - rho)
             out, lse = jax.block_until_ready(_cuda.forward(q, k, v, bounds, scale=scale))
-            first = {}  # det -> (tag, det, grads) of the first configuration of that mode: the reference
+            # det -> (tag, det, grads) of the first configuration of that mode: the reference; a
+            # variant with a bitwise twin (_cuda.MASK_REGS_BWD_VARIANTS: 10 -> 5, 11 -> 7) is checked
+            # against the twin's first configuration when that was timed before it
+            first = {}
+            twin_of = getattr(_cuda, "MASK_REGS_BWD_VARIANTS", {})
+            by_variant = {}
             configs = [(vr, det, mode, mg) for vr in a.variants for det in a.det for mode in a.dq_modes
                        for mg in (a.sm_margin if vr == 6 else [0]) if not (det and mode != 1)]
             for variant, det, mode, margin in configs:
@@ -153,14 +160,16 @@ def main():
                              ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
                     if not a.no_check:
                         g = jax.block_until_ready(f(q, k, v, bounds, out, lse, do))
+                        ref = by_variant.get((det, mode, twin_of.get(vr)), first.get(det))
+                        by_variant.setdefault((det, mode, vr), (tag, det, g))
                         if det not in first:
                             first[det] = (tag, det, g)
-                        else:
-                            r["check"] = _compare(first[det], tag, det, g)
+                        elif ref is not None:
+                            r["check"] = _compare(ref, tag, det, g)
                             if not r["check"]["ok"]:
-                                print(f"CHECK FAILED S={S} {name} {tag} vs {first[det][0]}: "
+                                print(f"CHECK FAILED S={S} {name} {tag} vs {ref[0]}: "
                                       f"{r['check']}", flush=True)
-                        del g
+                        g = None
                     emit(r)
                 except Exception as e:  # noqa: BLE001
                     print(f"ours S={S} {name} {tag}: FAILED {e}", flush=True)
@@ -175,7 +184,7 @@ def main():
                     emit(r)
                 except Exception as e:  # noqa: BLE001
                     print(f"portable S={S} {name}: FAILED {e}", flush=True)
-            del out, lse, first
+            del out, lse, first, by_variant
             if a.cudnn and name in ("full", "causal", "sliding_window"):
                 kw = dict(is_causal=name != "full", implementation="cudnn")
                 if name == "sliding_window":  # the window the bounds hold (LTS[0] = w + 1)

@@ -207,9 +207,9 @@ _BWD_BLOCK_M = 64   # query rows per tile (row-statistics padding), cc/sm90/para
 
 def _bwd_block_m(head_dim: int, variant: int) -> int:
     """Query rows per tile of the backward kernel (sizes the Sq padding of the dQ / row-statistics
-    workspaces and the query-tile count of the ordering bits): 128 for variant 7 (d = 64 only),
+    workspaces and the query-tile count of the ordering bits): 128 for variants 7 and 11 (d = 64 only),
     kBwdBlockM = 64 otherwise (the d = 256 kernel too)."""
-    return 128 if int(variant) == BWD_ROWS128_VARIANT and int(head_dim) == 64 else _BWD_BLOCK_M
+    return 128 if int(variant) in BWD_ROWS128_VARIANTS and int(head_dim) == 64 else _BWD_BLOCK_M
 
 
 def _bwd_block_n(head_dim: int) -> int:
@@ -248,7 +248,7 @@ DEFAULT_BWD_DQ_MODE = 1
 #      two consumer warpgroups, 240) with the consumer warpgroups in ping-pong (each tile's dQ GEMM
 #      two tiles later, dS buffers on mbarriers, GEMM issue alternating through named barriers),
 #      row statistics by bulk copy, dS stored on precomputed 32-bit shared addresses; one CTA
-#      per work item (key block, kv head, batch). The default at d = 128 until session 4.
+#      per work item (key block, kv head, batch). The default at d = 128.
 #   6: variant 5's per-item code on a persistent grid of num_SMs - sm_margin CTAs taking work
 #      items from a global counter, heaviest key blocks first within L2 sections of heads, the
 #      next item's K/V load under the current item's dK/dV epilogue. Same per-item math as 5
@@ -259,45 +259,53 @@ DEFAULT_BWD_DQ_MODE = 1
 #      (variant 5 at d = 64 runs it twice). The default at d = 64: H200, 8K, B = 16, H = 32:
 #      full 385 / causal 347 / document 287 / sliding_window 161 TFLOP/s against variant 5's
 #      299 / 274 / 235 / 136, dK/dV bitwise equal to 5 (NOTES.md "Variant 7").
-#   9: variant 5 with the O(1) tile walk: the query tiles a key block skips form two contiguous
-#      ranges, so the next kept tile is at most three jumps away; variant 5 loops over every
-#      skipped tile, and every CTA runs that loop over all Sq / 64 tiles of its key block
-#      (benchmarks/NOTES_bwd_partial.md: 14-37 % of the backward on the sparse masks at
-#      32K-128K). The same tiles in the same order: dK/dV bitwise equal to 5. d = 64 and 128
-#      (d = 256: its own kernel). The default at d = 128: H200 session 4, 32K, B = 4, H = 32:
-#      sliding_window 313 -> 378, causal_document 314 -> 382, share_question 238 -> 320 TFLOP/s.
+#  10: variant 5 with the cheaper element mask of partial tiles (d = 64 and 128): the bounds of a
+#      consumer thread's two key columns are loaded once per query head into registers (out-of-range
+#      key columns folded in) and each partial tile turns them into one bit per element before the
+#      S wait (2 instructions per element instead of ~10, no per-tile loads or integer division);
+#      visible tiles run an exp loop without any mask test. Same products as 5: dK/dV (and dQ in
+#      deterministic mode) bitwise equal (benchmarks/NOTES_bwd_walkall.md; not yet run on a GPU).
+#  11: variant 7 (128-row query tiles, d = 64 only) with the same mask; bitwise equal to 7.
+# Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
+# the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
+# jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
+# session 4, 32K, B = 4, H = 32: sliding_window 313 -> 378, causal_document 314 -> 382,
+# share_question 238 -> 320 TFLOP/s against the tile-by-tile scan, dK/dV bitwise equal; the scan
+# cost 14-37 % of the masked backward, benchmarks/NOTES_bwd_partial.md). Now the only walk, so 9 is
+# variant 5 and its number is gone (benchmarks/NOTES_bwd_walkall.md).
 # Measured and removed (NOTES.md): 1 (no warp specialization), 2 (warp specialized, lock-step
 # consumers), 3 (ping-pong, generic-address dS stores), 4 (dK GEMM issued before the dS store,
 # which reads an in-flight wgmma's A registers: not allowed by PTX), 8 (5 with the dQ GEMM issued
-# in the math behind dK: equal to 5 within noise on the H200).
+# in the math behind dK: equal to 5 within noise on the H200), 9 (variant 5 with the O(1) walk:
+# the walk of every variant since 2026-12-01).
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
-# variants 5, 7 and 9 launch one CTA per work item and ignore it. variant=None
+# variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
-# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 7 at d = 64, 9 at d = 128, 5 (nominal) at 256.
+# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 7 at d = 64, 5 at d = 128 and (nominal) 256.
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 9)
+BWD_VARIANTS = (5, 6, 7, 10, 11)
 BWD_ROWS128_VARIANT = 7
-DEFAULT_BWD_VARIANT = 5  # the base variant (d = 256's nominal number; d = 128's until session 4).
-                         # H200 2026-11-30 run B: 37 GPU tests, sanitizers
+BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
+MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7}  # variant -> the variant it is bitwise equal to
+DEFAULT_BWD_VARIANT = 5  # the default at d = 128 (and d = 256's nominal number). H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
                          # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
                          # Variant 6 (session 3, runs 1-2): 62 GPU tests, sanitizers clean, dK/dV
                          # bitwise = 5, but full 402 / causal 384 (-10 % / -7 %); sliding_window
                          # +2.6 %.
-JUMP_WALK_BWD_VARIANT = 9
-DEFAULT_BWD_VARIANTS = {64: BWD_ROWS128_VARIANT, 128: JUMP_WALK_BWD_VARIANT, 256: DEFAULT_BWD_VARIANT}
+DEFAULT_BWD_VARIANTS = {64: BWD_ROWS128_VARIANT, 128: DEFAULT_BWD_VARIANT, 256: DEFAULT_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
 def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 9 at d = 128, 5 at d = 256). ValueError for a
-    variant that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 5 at d = 128 and 256). ValueError for a variant that
+    is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
         if int(sm_margin) > 0:
@@ -307,7 +315,7 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) 
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; valid: "
                          f"{', '.join(map(str, BWD_VARIANTS))}, or None (the default for the head dim)")
-    if variant == BWD_ROWS128_VARIANT and head_dim == 128:  # (d = 256: one kernel for every variant)
+    if variant in BWD_ROWS128_VARIANTS and head_dim == 128:  # (d = 256: one kernel for every variant)
         raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
                          f"got d = {head_dim}")
     return variant
@@ -329,12 +337,13 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     order in both modes. Needs dq_mode 1 (the default).
 
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
-    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7 and 9 ignore it.
+    CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 7 at d = 64 and 9 at d = 128 (resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 7 at d = 64 and 5 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
-    variant=7 (d = 64 only; ValueError at d = 128): 128-row query tiles (its dQ / row-statistics
-    workspaces padded to a multiple of 128 rows).
+    variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
+    row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
+    the element mask of partial tiles from registers (bitwise the same gradients).
     """
     mod, reason = _load()
     if mod is None:

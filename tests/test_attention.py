@@ -264,7 +264,7 @@ def test_cuda_kernel_variant_resolution():
         pytest.skip("jax_flashmask._cuda not importable")
     _cuda = att._cuda
     assert _cuda.resolve_bwd_variant(None, 64) == 7  # 128-row query tiles at d = 64
-    assert _cuda.resolve_bwd_variant(None, 128) == 9  # variant 5 with the O(1) tile walk
+    assert _cuda.resolve_bwd_variant(None, 128) == 5  # (the O(1) tile walk of the old 9 in every variant)
     assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
     for d in (64, 128, 256):  # a margin needs the persistent variant, at every head dim
         assert _cuda.resolve_bwd_variant(None, d, sm_margin=8) == 6
@@ -272,9 +272,15 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 9}
-    for removed in (1, 4, 8):
-        with pytest.raises(ValueError, match="valid: 5, 6, 7, 9"):
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11}
+    # 10 / 11: variant 5 / 7 with the element mask from registers; 11 has 128-row tiles (d = 64)
+    assert _cuda.resolve_bwd_variant(10, 128) == 10 and _cuda.resolve_bwd_variant(11, 64) == 11
+    with pytest.raises(ValueError, match="d = 64 only"):
+        _cuda.resolve_bwd_variant(11, 128)
+    assert [_cuda._bwd_block_m(64, v) for v in (5, 7, 10, 11)] == [64, 128, 64, 128]
+    assert _cuda._bwd_block_m(256, 11) == 64 and _cuda._bwd_block_m(128, 10) == 64
+    for removed in (1, 4, 8, 9, 12):
+        with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3
     assert _cuda.resolve_variant(6) == 6

@@ -259,3 +259,25 @@ def test_cp_bench_dry_run_on_two_host_devices(tmp_path):
         assert r["out_rel_err"] < 2e-2 and r["grad_rel_err"] < 3e-2, r
         assert 0.0 <= r["fwdbwd_hidden"] <= 1.0 and r["fwd_compute_ms"] > 0, r
     assert "| causal_document |" in (tmp_path / "cp.md").read_text()
+
+
+def test_bwd_walk_check():
+    """benchmarks/bwd_mask_model.py --walk-check, smaller: the O(1) tile walk of bwd_find_kept (the
+    only walk of every backward kernel) returns the old tile-by-tile scan's tile for every start
+    tile of every key block, at (Bm, Bn) = (64, 128), (128, 128) and (64, 64); and the check
+    catches a dropped third jump and off-by-one range ends."""
+    spec = importlib.util.spec_from_file_location("bwd_mask_model", ROOT / "benchmarks" / "bwd_mask_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.walk_check(sizes=(2048,), rand_cases=90) == 0
+
+
+def test_bwd_mask_bits_check():
+    """benchmarks/bwd_mask_model.py --mask-check: variants 10 / 11's element-mask bits (the thread's
+    query columns below each bound, bmsk.clamp) equal variant 5 / 7's per-element test, for
+    Bm 64 / 128, every col_base, int32 extremes, empty / reversed ranges and folded key columns >= Sk;
+    and the check catches a wrong count and a width without max(., 0)."""
+    spec = importlib.util.spec_from_file_location("bwd_mask_model", ROOT / "benchmarks" / "bwd_mask_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.mask_check(cases=5000) == 0

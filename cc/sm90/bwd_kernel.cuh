@@ -21,8 +21,9 @@
 // 2026-11-29/30 steps towards 5: no warp specialization, warp specialization without ping-pong,
 // ping-pong with generic-address dS stores, early dK issue) and 8 (5 with the dQ GEMM issued in
 // the math, behind dK: equal to 5 on the H200) were measured and are gone: NOTES.md.
-// Variant 9 = variant 5 with the O(1) tile walk of bwd_find_kept (BwdJumpWalk; d = 64, 128; the
-// default at d = 128).
+// Every kernel (variants 5, 6, 7 and the d = 256 kernel of bwd_d256_kernel.cuh) walks the kept
+// query tiles of its key block with the O(1) walk of bwd_find_kept (at most three jumps over the
+// skipped tiles; until 2026-12-01 variant 9, now the only walk: benchmarks/NOTES_bwd_walkall.md).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 //
@@ -32,6 +33,7 @@
 #include "fwd_kernel.cuh"  // wgmma_gemm, fast_exp2, CuTe / CUTLASS includes
 #include "bwd_launch.cuh"
 
+#include <climits>
 #include <tuple>
 #include <type_traits>
 
@@ -50,7 +52,7 @@ struct BwdTraits {
   static constexpr int kDsBufs = 2;  // dS tiles in smem
   static constexpr int kDqBufs = 2;  // fp32 dQ tiles in smem
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
-  static constexpr bool kJumpWalk = false;  // true: variant 9 (BwdJumpWalk, bwd_find_kept)
+  static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
@@ -135,12 +137,16 @@ struct BwdTraits {
   };
 };
 
-// Variant 9: variant 5's kernel (flashmask_bwd_pp_kernel, Bm = 64, d = 64 and 128) with the
-// O(1) tile walk of bwd_find_kept instead of its tile-by-tile scan: the same tiles in the same
-// order, so the same results bit for bit (NOTES_bwd_partial.md).
+// Variants 10 / 11: variant 5 / 7's kernel (flashmask_bwd_pp_kernel, Bm = 64 at d = 64 and 128 /
+// Bm = 128 at d = 64) with the cheaper element mask of partial tiles: the bounds of a consumer
+// thread's two key columns live in registers (loaded on the first partial tile of each query head,
+// out-of-range key columns folded into them), and each partial tile turns them into one bit per
+// element (bwd_col_mask, before the S wait) instead of ~10 instructions per element and 8 loads
+// behind an integer division per tile. Same tiles, same products: results bit for bit those of
+// variant 5 / 7 (benchmarks/NOTES_bwd_walkall.md).
 template <class Base>
-struct BwdJumpWalk : Base {
-  static constexpr bool kJumpWalk = true;
+struct BwdMaskRegs : Base {
+  static constexpr bool kMaskRegs = true;
 };
 
 struct BwdArgs {
@@ -225,12 +231,14 @@ __device__ __forceinline__ void bwd_skip_range(int lo, int hi, int Sq, int mblk,
 
 // Advances (g, m) -- head g of the kv group, query tile m -- to the first tile at or after it that
 // key block n does not skip (SPEC section 3 classification on the block metadata). Uniform over
-// the CTA. Returns false when the walk is over. Jump = false: tile by tile (variants 5-8; every
-// skipped tile is one trip of the loop); true (variant 9): the skipped tiles of a key block are
-// the two ranges [s1, e1) (inside [LTSmax, LTEmin)) and [s2, e2) (inside [UTSmax, UTEmin)), so the
+// the CTA. Returns false when the walk is over. The tiles a key block skips are the union of two
+// ranges, [s1, e1) (inside rows [LTSmax, LTEmin)) and [s2, e2) (inside [UTSmax, UTEmin)), so the
 // next kept tile is at most three jumps away (the third when the second range ends inside the
-// first); benchmarks/bwd_mask_model.py --walk-check compares the two walks.
-template <int Bm, int Bn, bool Jump = false>
+// first): no loop over skipped tiles (a tile-by-tile scan cost every CTA a trip per query tile of
+// its key block, 14-37 % of the masked backward: benchmarks/NOTES_bwd_partial.md). m is first
+// tested as a kept tile, so a kept m costs no range arithmetic. benchmarks/bwd_mask_model.py
+// --walk-check compares this walk with the scan (Bm 64 / 128, Bn 128 / 64).
+template <int Bm, int Bn>
 __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, int n, int& g,
                                               int& m, bool& partial) {
   const bool ragged = (n + 1) * Bn > a.Sk;
@@ -242,34 +250,52 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
     const int lte_mn = __ldg(mt + 2 * a.nblk), lte_mx = __ldg(mt + 3 * a.nblk);
     const int uts_mn = __ldg(mt + 4 * a.nblk), uts_mx = __ldg(mt + 5 * a.nblk);
     const int ute_mn = __ldg(mt + 6 * a.nblk), ute_mx = __ldg(mt + 7 * a.nblk);
-    if constexpr (Jump) {
+    if (m >= a.mblk) continue;
+    int ms = m * Bm, me = min(ms + Bm, a.Sq);
+    if ((ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn)) {
+      int s1, e1, s2, e2;  // m is skipped: jump
+      bwd_skip_range<Bm>(lts_mx, lte_mn, a.Sq, a.mblk, s1, e1);
+      bwd_skip_range<Bm>(uts_mx, ute_mn, a.Sq, a.mblk, s2, e2);
+      if (m >= s1 && m < e1) m = e1;
+      if (m >= s2 && m < e2) m = e2;
+      if (m >= s1 && m < e1) m = e1;
       if (m >= a.mblk) continue;
-      int ms = m * Bm, me = min(ms + Bm, a.Sq);
-      if ((ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn)) {
-        // m is skipped (the scan's first test, so a kept m costs what it costs variant 5): jump
-        int s1, e1, s2, e2;
-        bwd_skip_range<Bm>(lts_mx, lte_mn, a.Sq, a.mblk, s1, e1);
-        bwd_skip_range<Bm>(uts_mx, ute_mn, a.Sq, a.mblk, s2, e2);
-        if (m >= s1 && m < e1) m = e1;
-        if (m >= s2 && m < e2) m = e2;
-        if (m >= s1 && m < e1) m = e1;
-        if (m >= a.mblk) continue;
-        ms = m * Bm;
-        me = min(ms + Bm, a.Sq);
-      }
-      partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
-      return true;
-    } else {
-      for (; m < a.mblk; ++m) {
-        const int ms = m * Bm, me = min(ms + Bm, a.Sq);
-        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-        if (skip) continue;
-        partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
-        return true;
-      }
+      ms = m * Bm;
+      me = min(ms + Bm, a.Sq);
     }
+    partial = ragged || (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn);
+    return true;
   }
   return false;
+}
+
+// Bits [pos, pos + width) of a 32-bit word (bmsk.clamp: 0 for width 0 or pos >= 32; a range
+// reaching past bit 31 ends there). pos, width >= 0.
+__device__ __forceinline__ uint32_t bwd_bit_range(int pos, int width) {
+  uint32_t r;
+  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(r) : "r"(pos), "r"(width));
+  return r;
+}
+
+// A consumer thread's query columns in a tile are q = lo + 8*kk + j (kk < Bm/8, j < 2; lo = the
+// tile's first row + col_base), element bit 2*kk + j: the number of them below x (any int x, no
+// overflow: x is clamped into [lo, lo + Bm] first).
+template <int Bm>
+__device__ __forceinline__ int bwd_cols_below(int x, int lo) {
+  const int y = min(max(x, lo), lo + Bm) - lo;
+  return 2 * (y >> 3) + min(y & 7, 2);
+}
+
+// Variants 10 / 11: bit 2*kk + j set <=> query lo + 8*kk + j lies in [lts, lte) or [uts, ute), the
+// element mask of one key column (the thread's columns are sorted, so each range is a run of
+// bits). Equal, element by element, to `(lts <= q && q < lte) || (uts <= q && q < ute)`:
+// benchmarks/bwd_mask_model.py --mask-check.
+template <int Bm>
+__device__ __forceinline__ uint32_t bwd_col_mask(int lts, int lte, int uts, int ute, int lo) {
+  static_assert(2 * (Bm / 8) <= 32, "one bit per element of a key column");
+  const int a1 = bwd_cols_below<Bm>(lts, lo), b1 = bwd_cols_below<Bm>(lte, lo);
+  const int a2 = bwd_cols_below<Bm>(uts, lo), b2 = bwd_cols_below<Bm>(ute, lo);
+  return bwd_bit_range(a1, max(b1 - a1, 0)) | bwd_bit_range(a2, max(b2 - a2, 0));
 }
 
 // Thread: one cp.reduce.async.bulk add of a Bytes/4-float dQ tile from smem into the workspace.
@@ -387,7 +413,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   int g = 0, m = 0;
   bool partial = false;
-  bool have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
 
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
@@ -429,7 +455,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                    Bm * (int)sizeof(float));
           if (++stage == S) { stage = 0; phase ^= 1; }
           ++m;
-          have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
       }
     } else if (warp == 1) {
@@ -475,7 +501,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           __syncwarp();
           if (++buf == 2) { buf = 0; phase ^= 1; }
           ++m;
-          have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
@@ -523,6 +549,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   clear(tdKrdK);
   const float sl2 = a.scale_log2;
   const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
+  // Variants 10 / 11 (T::kMaskRegs): LTS, LTE, UTS, UTE of key columns key0 / key1 for query head
+  // g_bnd (-1: none loaded yet); a key column >= Sk holds [INT_MIN, INT_MAX): every row masked.
+  int cbnd[2][4];
+  int g_bnd = -1;
 
   // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
   auto turn_begin = [&]() {
@@ -600,7 +630,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
       int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
       bool koob[2] = {false, false};
-      if (partial) {
+      if (!T::kMaskRegs && partial) {
         const int hm = h / a.heads_per_mask;
         const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
         CUTE_UNROLL
@@ -615,26 +645,66 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
         }
       }
+      uint32_t cmask[2] = {0u, 0u};  // variants 10 / 11: element bits of the two key columns
+      if constexpr (T::kMaskRegs) {
+        if (partial) {
+          if (g != g_bnd) {  // first partial tile of this query head: its mask head's bounds
+            g_bnd = g;
+            const int hm = h / a.heads_per_mask;
+            const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+            CUTE_UNROLL
+            for (int i = 0; i < 2; ++i) {
+              const int j = i == 0 ? key0 : key1;
+              const bool in = j < a.Sk;
+              const int jj = in ? j : 0;
+              CUTE_UNROLL
+              for (int c = 0; c < 4; ++c) {
+                const int v = __ldg(bnd + c * (int64_t)a.Sk + jj);
+                cbnd[i][c] = in ? v : (c == 0 ? INT_MIN : c == 1 ? INT_MAX : 0);
+              }
+            }
+          }
+          // under the S / dP GEMMs (before their wait)
+          CUTE_UNROLL
+          for (int i = 0; i < 2; ++i)
+            cmask[i] = bwd_col_mask<Bm>(cbnd[i][0], cbnd[i][1], cbnd[i][2], cbnd[i][3], ms + col_b);
+        }
+      }
 
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
-      CUTE_UNROLL
-      for (int kk = 0; kk < Bm / 8; ++kk) {
-        const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
+      // P^T = exp2(S^T * scale * log2(e) - lse2), zero where masked. Variants 10 / 11: one loop
+      // per case (no per-element test of `partial`), the masked one tests one bit per element.
+      auto exp_tile = [&](auto masked_c) {
+        constexpr bool kMasked = decltype(masked_c)::value;
         CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
+        for (int kk = 0; kk < Bm / 8; ++kk) {
+          const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
           CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const int e = 4 * kk + 2 * i + j;
-            float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
-            if (partial) {
-              const int q = ms + 8 * kk + col_b + j;
-              const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
-              if (masked) p = 0.f;
+          for (int i = 0; i < 2; ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < 2; ++j) {
+              const int e = 4 * kk + 2 * i + j;
+              float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+              if constexpr (kMasked) {
+                if (cmask[i] & (1u << (2 * kk + j))) p = 0.f;
+              } else if constexpr (!T::kMaskRegs) {
+                if (partial) {
+                  const int q = ms + 8 * kk + col_b + j;
+                  const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+                  if (masked) p = 0.f;
+                }
+              }
+              tSrS(e) = p;
             }
-            tSrS(e) = p;
           }
         }
+      };
+      if constexpr (T::kMaskRegs) {
+        if (partial) exp_tile(std::true_type{});
+        else exp_tile(std::false_type{});
+      } else {
+        exp_tile(std::false_type{});
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrdP);
@@ -670,7 +740,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       lin1 = (b * a.N + h) * a.mblk + m;
 
       ++m;
-      have = bwd_find_kept<Bm, Bn, T::kJumpWalk>(a, b, hk, n, g, m, partial);
+      have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
       if (!have) break;
       ++t;
     }
@@ -1356,8 +1426,16 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 9) return launch_bwd_impl<BwdJumpWalk<BwdTraits<Elem, D>>>(p, stream, err);
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7 or 9";
+  if (p.variant == 10) return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D>>>(p, stream, err);
+  if (p.variant == 11) {
+    if constexpr (D == 64) {
+      return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D, false, 128>>>(p, stream, err);
+    } else {
+      if (err) *err = "flashmask sm90 backward: kernel variant 11 (128-row query tiles) is d = 64 only";
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10 or 11";
   return cudaErrorInvalidValue;
 }
 

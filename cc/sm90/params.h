@@ -77,7 +77,8 @@ struct BwdParams {
   int64_t dq_sem_capacity;  // number of uint32 available in dq_sem
   int variant;          // 5: warp specialized, ping-pong consumer warpgroups; 6: variant 5 on a
                         // persistent grid; 7: variant 5 with 128-row query tiles (d = 64 only:
-                        // Sq_pad, dq_sem and the tile count at 128 rows) (bwd_kernel.cuh)
+                        // Sq_pad, dq_sem and the tile count at 128 rows); 10 / 11: variant 5 / 7
+                        // with the element mask from registers (bwd_kernel.cuh BwdMaskRegs)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

@@ -27,19 +27,22 @@ _bwd = _cuda.backward
 # Kernel variants under test: all compiled ones, or JFM_BWD_TEST_VARIANTS="2,3" (device-time budget).
 VARIANTS = (tuple(int(x) for x in os.environ["JFM_BWD_TEST_VARIANTS"].split(","))
             if os.environ.get("JFM_BWD_TEST_VARIANTS") else getattr(_cuda, "BWD_VARIANTS", (1,)))
-# Variant 7 (128-row query tiles) is compiled for d = 64 only: the tests written for d = 128 run it
-# at d = 64 (_d_for), the head-dim test skips it at d = 128 (_variants_for; d = 256 has one kernel
-# for every variant number).
+# Variants 7 and 11 (128-row query tiles) are compiled for d = 64 only: the tests written for
+# d = 128 run them at d = 64 (_d_for), the head-dim test skips them at d = 128 (_variants_for;
+# d = 256 has one kernel for every variant number).
 ROWS128 = getattr(_cuda, "BWD_ROWS128_VARIANT", None)
+ROWS128S = tuple(getattr(_cuda, "BWD_ROWS128_VARIANTS", (ROWS128,)))
+# Variants with a bitwise twin (10 -> 5, 11 -> 7: the element mask from registers)
+TWINS = dict(getattr(_cuda, "MASK_REGS_BWD_VARIANTS", {}))
 
 
 def _d_for(variant, d=128):
-    """Head dim a test that uses `d` runs `variant` at (variant 7: 64)."""
-    return 64 if variant is not None and variant == ROWS128 else d
+    """Head dim a test that uses `d` runs `variant` at (variants 7, 11: 64)."""
+    return 64 if variant is not None and variant in ROWS128S else d
 
 
 def _variants_for(d):
-    return tuple(v for v in VARIANTS if v != ROWS128 or d != 128)
+    return tuple(v for v in VARIANTS if v not in ROWS128S or d != 128)
 
 
 def _seed():
@@ -531,7 +534,7 @@ def test_rows128_variant_d_check_and_workspace():
 
 def test_default_variant_per_head_dim():
     """variant=None runs variant 7 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 9 at d = 128
+    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 5 at d = 128
     (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
     import re
     _need(jnp.bfloat16, 64)
@@ -554,7 +557,7 @@ def test_default_variant_per_head_dim():
     _need(jnp.bfloat16, 128)
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    assert re.search(r"variant = 9\b", hlo())
+    assert re.search(r"variant = 5\b", hlo())
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
@@ -571,13 +574,13 @@ def _assert_equal(x, y, msg):
                                   err_msg=msg)
 
 
-def _assert_bitwise_like_v5(args, kw, msg):
-    """The backward with `kw` against variant 5 on `args` = (q, k, v, bounds, out, lse, do, dlse),
-    default (both dQ modes) and deterministic mode: dK/dV bitwise equal always, dQ bitwise in
-    deterministic mode and within 1e-3 in the default mode (fp32 summation order)."""
+def _assert_bitwise_like_v5(args, kw, msg, base=5):
+    """The backward with `kw` against variant `base` (5) on `args` = (q, k, v, bounds, out, lse,
+    do, dlse), default (both dQ modes) and deterministic mode: dK/dV bitwise equal always, dQ
+    bitwise in deterministic mode and within 1e-3 in the default mode (fp32 summation order)."""
     for det in (False, True):
         for mode in ((1, 0) if not det else (1,)):
-            r5 = _bwd(*args, scale=0.1, dq_mode=mode, deterministic=det, variant=5)
+            r5 = _bwd(*args, scale=0.1, dq_mode=mode, deterministic=det, variant=base)
             r = _bwd(*args, scale=0.1, dq_mode=mode, deterministic=det, **kw)
             m = f"{msg} det={det} dq_mode={mode}"
             for i, (x, y) in enumerate(zip(r5, r)):
@@ -663,14 +666,15 @@ def test_sm_margin_validation():
             _cuda.backward(q, k, v, b, out, lse, do, None, scale=0.1, variant=6, sm_margin=bad)
 
 
-# --------------------------------------------------------------------------- variant 9 (O(1) walk)
+# --------------------------------------------------------------------------- the O(1) tile walk
 
 
 def _jump_bounds(rng, B, Hm, Sq, Sk):
     """Per key column: rows [200, 600) and [0, 300) masked, with a few rows of jitter, on top of
     columns with document-like windows: key blocks whose skipped query tiles are two overlapping
-    ranges, the second ending inside the first (the third jump of bwd_find_kept<.., true>), plus
-    gaps in the middle of a key block's tiles and ragged last tiles."""
+    ranges, the second ending inside the first (the third jump of bwd_find_kept, at Bm = 64 and
+    128 and at 64 or 128 keys per block), plus gaps in the middle of a key block's tiles and
+    ragged last tiles."""
     b = np.empty((B, Hm, 4, Sk), np.int64)
     j = rng.integers(0, 9, (B, Hm, Sk))
     b[:, :, 0], b[:, :, 1] = 200 + j, 600 - j
@@ -685,26 +689,74 @@ def _jump_bounds(rng, B, Hm, Sq, Sk):
     return np.clip(b, 0, Sq).astype(np.int32)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("case", ["suite", "random_gqa", "jumps", "empty_items"])
-def test_variant9_bitwise_equals_variant5(case, d):
-    """Variant 9 is variant 5 with the O(1) tile walk (bwd_find_kept<Bm, Bn, true>): the same
-    query tiles in the same order for every key block, hence the same products in the same order:
-    dK/dV bitwise equal to variant 5 in both modes, dQ too in deterministic mode. suite: the twelve
-    benchmark masks (skips at the start, in the middle and at the end of a key block's tiles);
-    random_gqa: 4 query heads per kv head over 2 mask heads (the walk restarts per head);
-    jumps: two overlapping skip ranges per key block, ragged Sq; empty_items: key blocks that keep
-    no tile."""
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_walk_jumps(d, variant):
+    """Every kernel walks a key block's query tiles with the O(1) walk of bwd_find_kept (until
+    2026-12-01 variant 9; the tile-by-tile scan is gone, so there is no GPU kernel left to compare
+    it with bitwise: benchmarks/bwd_mask_model.py --walk-check, run by tests/test_bench_smoke.py,
+    checks on the host that the walk returns the scan's tile for every start tile). Here: bounds
+    whose key blocks need all three jumps, windows in the middle of a key block's tiles, ragged
+    Sq, GQA 4 query heads per kv head with a mask head each (the walk restarts per head, on other
+    bounds), against the float64 reference in the default (both dQ modes) and the deterministic
+    mode (bitwise repeatable)."""
     _need(jnp.bfloat16, d)
-    if not (5 in VARIANTS and 9 in VARIANTS):
-        pytest.skip("variants 5 and 9 not both under test")
+    if d == 256 and variant != VARIANTS[0]:
+        pytest.skip("d=256: one kernel for every variant number (run once)")
+    if variant not in _variants_for(d):
+        pytest.skip(f"variant {variant} is compiled for d=64 only")
     rng = np.random.default_rng(17)
+    B, Sq, Sk, N, K = 2, 1000, 900, 8, 2
+    b = _jump_bounds(rng, B, N, Sq, Sk)
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    for mode in (1, 0):
+        _check(q, k, v, do, b, seed="jumps", rng=rng, dq_mode=mode, variant=variant)
+    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=variant))
+    r1 = _check(q, k, v, do, b, seed="jumps det", rng=np.random.default_rng(1), fn=det)
+    r2 = _check(q, k, v, do, b, seed="jumps det", rng=np.random.default_rng(1), fn=det)
+    _assert_same_bits(r1, r2, f"jumps d={d} variant={variant}")
+
+
+# --------------------------------------------------------------------------- variants 10 / 11
+
+
+def _eviction_bounds(rng, B, Hm, Sq, Sk):
+    """Random per-column lower ranges with random upper ranges on top (random_eviction-like: most
+    computed tiles partial, both ranges in use, some empty or reversed; canonical: within [0, Sq])."""
+    b = np.zeros((B, Hm, 4, Sk), np.int64)
+    b[:, :, 0] = rng.integers(0, Sq + 1, (B, Hm, Sk))
+    b[:, :, 1] = np.maximum(b[:, :, 0] + rng.integers(-20, Sq // 2, (B, Hm, Sk)), 0)
+    b[:, :, 2] = rng.integers(0, Sq, (B, Hm, Sk))
+    b[:, :, 3] = b[:, :, 2] + rng.integers(0, 90, (B, Hm, Sk))
+    return np.clip(b, 0, Sq).astype(np.int32)
+
+
+@pytest.mark.parametrize("variant,d", [(10, 64), (10, 128), (11, 64)])
+@pytest.mark.parametrize("case", ["suite", "random_gqa", "eviction_ragged", "jumps", "empty_items"])
+def test_mask_regs_bitwise_equals_twin(case, variant, d):
+    """Variants 10 / 11 are variants 5 / 7 with the element mask of partial tiles built from
+    registers (bwd_col_mask: one bit per element; the host check bwd_mask_model.py --mask-check
+    compares it with the per-element test): the same tiles, the same products, so dK/dV bitwise
+    equal to the twin in both dQ modes, dQ too in deterministic mode. suite: the twelve benchmark
+    masks (partial tiles of every kind); random_gqa: GQA 8 / 2 with a mask head per query head
+    (the bounds registers are reloaded, with other values, when the query head changes);
+    eviction_ragged: most tiles partial, both ranges in use, ragged Sq and Sk (key columns >= Sk
+    folded into the bounds), a mask head per query head; jumps: two skip ranges per key block;
+    empty_items: key blocks that keep no tile."""
+    base = TWINS.get(variant)
+    if base is None or variant not in VARIANTS or base not in VARIANTS:
+        pytest.skip(f"variants {variant} and its twin not both under test")
+    _need(jnp.bfloat16, d)
+    rng = np.random.default_rng(23)
     if case == "suite":
         B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
-        bs = list(_suite(Sq, 17, B).values())
+        bs = list(_suite(Sq, 23, B).values())
     elif case == "random_gqa":
         B, Sq, Sk, N, K = 2, 1100, 1300, 8, 2
-        bs = [random_bounds(rng, B, 2, Sq, Sk)]
+        bs = [random_bounds(rng, B, N, Sq, Sk)]
+    elif case == "eviction_ragged":
+        B, Sq, Sk, N, K = 2, 1001, 1111, 4, 2
+        bs = [_eviction_bounds(rng, B, N, Sq, Sk)]
     elif case == "jumps":
         B, Sq, Sk, N, K = 2, 1000, 900, 4, 4
         bs = [_jump_bounds(rng, B, 1, Sq, Sk)]
@@ -719,11 +771,29 @@ def test_variant9_bitwise_equals_variant5(case, d):
     for i, b in enumerate(bs):
         bj = jnp.asarray(b)
         out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=9),
-                                f"case={case} mask {i} d={d}")
-    if case == "jumps":  # and against the float64 reference
-        _check(q, k, v, do, bs[0], seed="v9 jumps", rng=rng, fn=lambda *a: _bwd(
-            *a, scale=d ** -0.5, variant=9))
+        _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=variant),
+                                f"case={case} mask {i} variant={variant} d={d}", base=base)
+    if case == "eviction_ragged":  # and against the float64 reference
+        _check(q, k, v, do, bs[0], seed="v10 eviction", rng=rng, fn=lambda *a: _bwd(
+            *a, scale=d ** -0.5, variant=variant))
+
+
+def test_mask_regs_variants_d_check():
+    """Variant 11 (128-row tiles) refuses d = 128 like 7; variant 10 runs at d = 64 and 128 with
+    the workspaces of 5 (64-row tiles), 11 with 7's (128-row)."""
+    if 11 not in VARIANTS or 10 not in VARIANTS:
+        pytest.skip("variants 10 and 11 not under test")
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 300, 300))
+    with pytest.raises(ValueError, match="d = 64"):
+        _bwd(q, k, v, b, q, jnp.zeros((1, 300, 4)), do, None, scale=0.1, variant=11)
+    _need(jnp.bfloat16, 64)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 64, jnp.bfloat16)
+    for variant, rows in ((10, 320), (11, 384)):
+        f = jax.jit(lambda *a, variant=variant: _bwd(*a, None, scale=0.1, variant=variant))
+        hlo = f.lower(q, k, v, b, q, jnp.zeros((1, 300, 4)), do).as_text()
+        assert f"tensor<1x4x{rows}x64xf32>" in hlo, variant  # dQ workspace, Sq padded
 
 
 # --------------------------------------------------------------------------- head dim 256 kernel
