@@ -49,9 +49,15 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
+# Default by key length (H200 2026-12-01, s5 run 1, d = 128, v3 -> v7 TFLOP/s): at 128K the group
+# walk wins (full 591 -> 599, sliding_window 519 -> 555, causal_document 520 -> 553,
+# share_question 349 -> 563; prefix_lm_document 506 -> 463 the exception); at 32K it is a wash
+# (sliding_window 513 -> 452, share_question 390 -> 440, the rest within +-5 %), so 3 below
+# LONG_KEYS keys.
 GROUP_SCAN_VARIANT = 7
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT)
 DEFAULT_VARIANT = 3
+LONG_KEYS = 65536  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 
 _lock = threading.Lock()
@@ -152,11 +158,12 @@ def variant_supported(variant: int, dtype, head_dim: int) -> bool:
     return int(variant) in VARIANTS and int(head_dim) in SUPPORTED_HEAD_DIMS
 
 
-def resolve_variant(variant: int | None) -> int:
-    """The forward kernel variant `forward(..., variant=variant)` runs (None: DEFAULT_VARIANT);
-    ValueError for one that is not compiled. Needs neither the extension nor a GPU."""
+def resolve_variant(variant: int | None, num_keys: int = 0) -> int:
+    """The forward kernel variant `forward(..., variant=variant)` runs on `num_keys` keys (None:
+    GROUP_SCAN_VARIANT from LONG_KEYS keys on, else DEFAULT_VARIANT); ValueError for one that is not
+    compiled. Needs neither the extension nor a GPU."""
     if variant is None:
-        return DEFAULT_VARIANT
+        return GROUP_SCAN_VARIANT if int(num_keys) >= LONG_KEYS else DEFAULT_VARIANT
     if int(variant) not in VARIANTS:
         raise ValueError(f"unknown forward kernel variant {variant}; valid: "
                          f"{', '.join(map(str, VARIANTS))}, or None (variant {DEFAULT_VARIANT})")
@@ -170,16 +177,17 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7; the default is 3, 7 from
+    LONG_KEYS keys on) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
     mod, reason = _load()
     if mod is None:
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
-    variant = resolve_variant(variant)
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
+    variant = resolve_variant(variant, Sk)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
     # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variant 7
@@ -281,7 +289,7 @@ DEFAULT_BWD_DQ_MODE = 1
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
-# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 7 at d = 64, 5 at d = 128 and (nominal) 256.
+# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 10 at d = 128, (nominal) 5 at 256.
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
@@ -297,14 +305,19 @@ DEFAULT_BWD_VARIANT = 5  # the default at d = 128 (and d = 256's nominal number)
                          # Variant 6 (session 3, runs 1-2): 62 GPU tests, sanitizers clean, dK/dV
                          # bitwise = 5, but full 402 / causal 384 (-10 % / -7 %); sliding_window
                          # +2.6 %.
-DEFAULT_BWD_VARIANTS = {64: BWD_ROWS128_VARIANT, 128: DEFAULT_BWD_VARIANT, 256: DEFAULT_BWD_VARIANT}
+# Defaults: the mask-in-registers twins (H200 2026-12-01, s5 run 1, 32K, B = 4, H = 32, dK/dV
+# bitwise equal to the twin): d = 128 variant 10 vs 5 sliding_window 367 -> 386, causal_document
+# 370 -> 385, share_question 311 -> 341, random_eviction 400 -> 472 TFLOP/s; d = 64 variant 11 vs 7
+# full 392 -> 439, causal 396 -> 430, sliding_window 306 -> 345, causal_document 284 -> 343,
+# share_question 238 -> 278.
+DEFAULT_BWD_VARIANTS = {64: 11, 128: 10, 256: DEFAULT_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
 def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 5 at d = 128 and 256). ValueError for a variant that
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 10 at d = 128, 5 at 256). ValueError for a variant that
     is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
@@ -339,7 +352,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 7 at d = 64 and 5 at d = 128 (resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 10 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with

@@ -263,8 +263,8 @@ def test_cuda_kernel_variant_resolution():
     if att._cuda is None:
         pytest.skip("jax_flashmask._cuda not importable")
     _cuda = att._cuda
-    assert _cuda.resolve_bwd_variant(None, 64) == 7  # 128-row query tiles at d = 64
-    assert _cuda.resolve_bwd_variant(None, 128) == 5  # (the O(1) tile walk of the old 9 in every variant)
+    assert _cuda.resolve_bwd_variant(None, 64) == 11  # 128-row query tiles, mask in registers
+    assert _cuda.resolve_bwd_variant(None, 128) == 10  # variant 5 with the mask in registers
     assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
     for d in (64, 128, 256):  # a margin needs the persistent variant, at every head dim
         assert _cuda.resolve_bwd_variant(None, d, sm_margin=8) == 6
@@ -283,6 +283,8 @@ def test_cuda_kernel_variant_resolution():
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3
+    assert _cuda.resolve_variant(None, 32768) == 3 and _cuda.resolve_variant(None, 65536) == 7
+    assert _cuda.resolve_variant(3, 131072) == 3
     assert _cuda.resolve_variant(6) == 6
     assert _cuda.resolve_variant(7) == 7  # the two-level block walk (the number of a removed one reused)
     for d in (64, 128, 256):

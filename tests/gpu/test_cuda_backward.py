@@ -533,8 +533,8 @@ def test_rows128_variant_d_check_and_workspace():
 
 
 def test_default_variant_per_head_dim():
-    """variant=None runs variant 7 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 5 at d = 128
+    """variant=None runs variant 11 at d = 64 (workspaces at 128 query rows; bitwise equal to an
+    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 10 at d = 128
     (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
     import re
     _need(jnp.bfloat16, 64)
@@ -548,16 +548,16 @@ def test_default_variant_per_head_dim():
         return f.lower(q, k, v, b, out, lse, do).as_text()
 
     default = hlo()
-    assert re.search(r"variant = 7\b", default), "variant=None at d = 64 should run variant 7"
+    assert re.search(r"variant = 11\b", default), "variant=None at d = 64 should run variant 11"
     assert "tensor<1x4x384x64xf32>" in default  # dQ workspace at 128-row tiles
     assert re.search(r"variant = 6\b", hlo(sm_margin=8))
     r_none, r7 = (_bwd(q, k, v, b, out, lse, do, None, scale=0.125, deterministic=True, variant=vv)
-                  for vv in (None, 7))
-    _assert_same_bits(r_none, r7, "variant=None vs 7 at d = 64")
+                  for vv in (None, 11))
+    _assert_same_bits(r_none, r7, "variant=None vs 11 at d = 64")
     _need(jnp.bfloat16, 128)
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    assert re.search(r"variant = 5\b", hlo())
+    assert re.search(r"variant = 10\b", hlo())
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
