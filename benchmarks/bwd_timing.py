@@ -151,7 +151,7 @@ def main():
                             margin=margin: _bwd(q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode,
                                                 deterministic=bool(det), variant=variant,
                                                 sm_margin=margin))
-                vr = variant if variant is not None else _cuda.resolve_bwd_variant(None, d, margin)
+                vr = variant if variant is not None else _cuda.resolve_bwd_variant(None, d, margin, bool(det))
                 tag = (f"flashmask_bwd_v{vr}"
                        f"{'_det' if det else ''}_dq{mode}{f'_m{margin}' if margin else ''}")
                 try:

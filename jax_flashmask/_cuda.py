@@ -311,19 +311,25 @@ DEFAULT_BWD_VARIANT = 5  # the default at d = 128 (and d = 256's nominal number)
 # full 392 -> 439, causal 396 -> 430, sliding_window 306 -> 345, causal_document 284 -> 343,
 # share_question 238 -> 278.
 DEFAULT_BWD_VARIANTS = {64: 11, 128: 10, 256: DEFAULT_BWD_VARIANT}
+# Deterministic mode at d = 128 keeps variant 5: there 10 is the slower one (s5 run 3, 32K:
+# full 426 vs 406, causal 442 vs 424 TFLOP/s, bitwise the same gradients).
+DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DEFAULT_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
-def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) -> int:
+def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
+                        deterministic: bool = False) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 10 at d = 128, 5 at 256). ValueError for a variant that
-    is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 10 at d = 128, 5 at 256), or
+    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (5 at d = 128). ValueError for a variant
+    that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
         if int(sm_margin) > 0:
             return PERSISTENT_BWD_VARIANT
-        return DEFAULT_BWD_VARIANTS.get(head_dim, DEFAULT_BWD_VARIANT)
+        defaults = DEFAULT_DET_BWD_VARIANTS if deterministic else DEFAULT_BWD_VARIANTS
+        return defaults.get(head_dim, DEFAULT_BWD_VARIANT)
     variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; valid: "
@@ -371,8 +377,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     if dq_mode not in BWD_DQ_MODES:
         raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
     sm_margin = _check_sm_margin(sm_margin)
-    variant = resolve_bwd_variant(variant, d, sm_margin)
     deterministic = _check_deterministic(deterministic)
+    variant = resolve_bwd_variant(variant, d, sm_margin, deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
     bounds = bounds.astype(jnp.int32)

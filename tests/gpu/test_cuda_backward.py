@@ -534,8 +534,8 @@ def test_rows128_variant_d_check_and_workspace():
 
 def test_default_variant_per_head_dim():
     """variant=None runs variant 11 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 10 at d = 128
-    (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
+    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 10 at d = 128 (5 when
+    deterministic; _cuda.resolve_bwd_variant, checked without a GPU in tests/test_attention.py)."""
     import re
     _need(jnp.bfloat16, 64)
     rng = np.random.default_rng(5)
@@ -543,8 +543,8 @@ def test_default_variant_per_head_dim():
     b = jnp.asarray(causal_bounds(1, 1, 300, 300))
     out, lse = _cuda.forward(q, k, v, b, scale=0.125)
 
-    def hlo(**kw):
-        f = jax.jit(lambda *a: _bwd(*a, None, scale=0.125, deterministic=True, **kw))
+    def hlo(det=True, **kw):
+        f = jax.jit(lambda *a: _bwd(*a, None, scale=0.125, deterministic=det, **kw))
         return f.lower(q, k, v, b, out, lse, do).as_text()
 
     default = hlo()
@@ -557,7 +557,8 @@ def test_default_variant_per_head_dim():
     _need(jnp.bfloat16, 128)
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    assert re.search(r"variant = 10\b", hlo())
+    assert re.search(r"variant = 10\b", hlo(det=False))
+    assert re.search(r"variant = 5\b", hlo())  # deterministic mode keeps 5 at d = 128
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
