@@ -413,8 +413,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Barrier::init(&ss.empty[s], kConsumers);
       Barrier::init(&ss.dq_full[s], kConsumers);
       Barrier::init(&ss.dq_empty[s], 1);
-      Barrier::init(&ss.x.ds_full[s], kConsumers);
-      Barrier::init(&ss.x.ds_empty[s], kConsumers);
+      if constexpr (!T::kLockstep) {
+        Barrier::init(&ss.x.ds_full[s], kConsumers);
+        Barrier::init(&ss.x.ds_empty[s], kConsumers);
+      }
     }
     Barrier::init(&ss.kv_full, 1);
     cutlass::arch::fence_barrier_init();
@@ -429,6 +431,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   int g = 0, m = 0;
   bool partial = false;
   bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  // Variants 12 / 13: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
+  // slot [stage] before its `full` arrive (release; the consumers read it after their `full`
+  // wait and before their `empty` arrive), so the consumers run no tile walk of their own. The
+  // slots live in the dS mbarriers' storage, unused (not initialized) in these variants.
+  static_assert(sizeof(ss.x.ds_full) >= S * sizeof(int2), "tile-info slots");
+  int2* tinfo = reinterpret_cast<int2*>(&ss.x.ds_full[0]);
 
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
@@ -458,6 +466,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                           group_modes<0, 2>(gQ));
           auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          // variants 12 / 13: the next kept tile first, so that this one's slot says if it is the last
+          int gn = g, mn = m + 1;
+          bool pn = false, more = false;
+          if constexpr (T::kLockstep) {
+            more = bwd_find_kept<Bm, Bn>(a, b, hk, n, gn, mn, pn);
+            const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
+            asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
+                             cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
+                         : "memory");
+          }
           Barrier::arrive_and_expect_tx(&ss.full[stage],
                                         2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
           copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
@@ -469,8 +487,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
                                    Bm * (int)sizeof(float));
           if (++stage == S) { stage = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          if constexpr (T::kLockstep) {
+            g = gn;
+            m = mn;
+            partial = pn;
+            have = more;
+          } else {
+            ++m;
+            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          }
         }
       }
     } else if (warp == 1) {
@@ -635,6 +660,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
       pp_wait(&ss.full[st], par);
+      bool last = false;
+      if constexpr (T::kLockstep) {  // this tile's (m, g, partial, last) from the TMA lane
+        int im, ig;
+        asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n"
+                     : "=r"(im), "=r"(ig)
+                     : "r"(cute::cast_smem_ptr_to_uint(&tinfo[st]))
+                     : "memory");
+        m = im;
+        g = ig & 0x3fffffff;
+        partial = (ig >> 30) & 1;
+        last = ig < 0;
+      }
       sdp_gemms(st);
       if constexpr (!T::kLockstep) turn_end(false);
 
@@ -784,9 +821,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tPrdS);
         pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-        ++m;
-        have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-        if (!have) break;
+        if (last) break;
         ++t;
       }
     }
