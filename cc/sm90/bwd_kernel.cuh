@@ -155,8 +155,9 @@ struct BwdMaskRegs : Base {
 // back to back (FlashAttention-3's Hopper backward order; benchmarks/NOTES_bwd_full.md). Per tile:
 // S, dP issued; exp under dP; dS; dV issued; dS stored; one 256-thread named barrier (both halves
 // of the dS tile stored); dQ issued; wait<1> (dV done); dK issued; wait<1> (dQ done); dQ tile to
-// smem under dK; the next tile's walk under dK; wait<0>. The dQ of a tile is computed in its own
-// iteration (not two tiles later), no ds_full / ds_empty mbarriers, no GEMM turns.
+// smem under dK; wait<0>. The dQ of a tile is computed in its own iteration (not two tiles
+// later), no ds_full / ds_empty mbarriers, no GEMM turns, and no tile walk in the consumers: the
+// TMA lane publishes each tile's (m, g, partial, last) with its Q/dO stage.
 template <class Base>
 struct BwdLockstep : Base {
   static constexpr bool kLockstep = true;
