@@ -274,6 +274,15 @@ DEFAULT_BWD_DQ_MODE = 1
 #      visible tiles run an exp loop without any mask test. Same products as 5: dK/dV (and dQ in
 #      deterministic mode) bitwise equal (benchmarks/NOTES_bwd_walkall.md; not yet run on a GPU).
 #  11: variant 7 (128-row query tiles, d = 64 only) with the same mask; bitwise equal to 7.
+#  12: variant 5 with the two consumer warpgroups in lock-step instead of ping-pong, d = 128 only
+#      (ValueError at d = 64; d = 256 runs its own kernel for every variant number): per tile each
+#      warpgroup issues S and dP back to back, runs the exp under dP, then issues dV, stores dS,
+#      meets the other warpgroup at one named barrier, issues dQ and dK behind it with one GEMM
+#      group always in flight (the dQ tile's smem store and the next tile's walk run under dK):
+#      FlashAttention-3's Hopper order (benchmarks/NOTES_bwd_full.md; not yet run on a GPU).
+#      Same products per element as 5 in the same order: dK/dV bitwise equal to 5 (dQ too in
+#      deterministic mode).
+#  13: variant 12 with variant 10's element mask of partial tiles; bitwise equal to 12.
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -295,10 +304,11 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
-MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7}  # variant -> the variant it is bitwise equal to
+MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12}  # variant -> the variant it is bitwise equal to
+LOCKSTEP_BWD_VARIANTS = (12, 13)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 DEFAULT_BWD_VARIANT = 5  # the default at d = 128 (and d = 256's nominal number). H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
                          # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
@@ -337,6 +347,9 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
     if variant in BWD_ROWS128_VARIANTS and head_dim == 128:  # (d = 256: one kernel for every variant)
         raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
                          f"got d = {head_dim}")
+    if variant in LOCKSTEP_BWD_VARIANTS and head_dim == 64:  # (d = 256: one kernel for every variant)
+        raise ValueError(f"backward kernel variant {variant} (lock-step consumers) is d = 128 only, "
+                         f"got d = {head_dim}")
     return variant
 
 
@@ -362,7 +375,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
-    the element mask of partial tiles from registers (bitwise the same gradients).
+    the element mask of partial tiles from registers (bitwise the same gradients). variant=12 / 13
+    (d = 128 only; ValueError at d = 64): variant 5 / 10 with lock-step consumer warpgroups
+    (bitwise the same dK/dV as 5).
     """
     mod, reason = _load()
     if mod is None:
