@@ -474,8 +474,62 @@ def group_pieces():
     log("pieces inside a user shard_map ok")
 
 
+def group_compact():
+    """Compact pieces of pruned schedules: a chunk slot nobody receives in a piece (slot id -2) is
+    left out of that piece. Exact vs one device (out, lse, grads) for masks where such slots exist,
+    P = 2 and 4 (fused pieces, autodiff merge, pruned all-gather), and the traced key widths of the
+    pieces are the kept slots' only (< m*C for at least one piece)."""
+    from jax_flashmask.context_parallel import pieces as pieces_mod
+
+    widths = []
+    orig = pieces_mod.piece_attention
+
+    def recording(q, kvs, lbs, cfg):
+        widths.append([(int(kv.shape[2]), int(lb.shape[-1])) for kv, lb in zip(kvs, lbs)])
+        return orig(q, kvs, lbs, cfg)
+
+    pieces_mod.piece_attention = recording
+    try:
+        q, k, v, co, cl = inputs(5)
+        ref = reference_fn()
+        for P, m, name in ((2, 4, "causal_document"), (4, 2, "causal_document"), (4, 4, "share_question")):
+            mesh = Mesh(np.array(jax.devices()[:P]), ("cp",))
+            ind = single_mask(name)
+            r = block(ref(q, k, v, jnp.asarray(ind), co, cl))
+            plan = cp.balanced_plan(cp.chunk_workloads(ind, P * m, tile_q=16, tile_k=16), P).plan
+            sch = cp.make_schedule(P, m, "ring", plan=plan, needed=cp.needed_chunks(ind, plan))
+            dropped = [sum(t == -2 for t in pc.slots) for pc in sch.pieces]
+            assert sum(dropped) > 0, f"{name} P={P} m={m}: no slot pruned for all ranks (test needs one)"
+            c = S // (P * m)
+            for comm, kw in (("ring", dict()), ("ring", dict(piece_vjp=False)), ("allgather", dict())):
+                def fwd(q, k, v, ind, plan, co, cl, comm=comm, kw=kw):
+                    qp, kp, vp = (cp.permute_tokens(x, plan) for x in (q, k, v))
+                    o, lse = cp.context_parallel_attention(
+                        qp, kp, vp, ind, plan=plan, mesh=mesh, axis_name="cp", comm=comm,
+                        schedule=sch, return_residual=True, implementation=IMPL, **kw)
+                    o, lse = cp.unpermute_tokens(o, plan), cp.unpermute_tokens(lse, plan)
+                    return loss_terms(o, lse, co, cl), (o, lse)
+
+                widths.clear()
+                f = jax.jit(jax.value_and_grad(fwd, argnums=(0, 1, 2), has_aux=True))
+                got = block(f(q, k, v, jnp.asarray(ind), jnp.asarray(plan), co, cl))
+                err = compare(f"compact P={P} m={m} {name} {comm} {kw}", got, r)
+                if comm == "ring" and not kw:
+                    assert widths, "the fused piece path was not traced"
+                    want = [(m - d) * c for d in dropped]
+                    got_w = [kw_ for kw_, _ in widths[0]]
+                    assert got_w == want and all(lw == kw_ for kw_, lw in widths[0]), \
+                        f"compact P={P} m={m} {name}: piece key widths {widths[0]}, want {want}"
+                    assert min(got_w) < m * c
+                log(f"compact P={P} m={m} {name} {comm} {kw}: ok (err {err:.1e}, dropped slots per "
+                    f"piece {dropped})")
+    finally:
+        pieces_mod.piece_attention = orig
+
+
 GROUPS = {"pieces": group_pieces, "host": group_host, "cp2": lambda: group_cp(2), "cp4": lambda: group_cp(4),
-          "cp8": lambda: group_cp(8), "hier": group_hier, "api": group_api}
+          "cp8": lambda: group_cp(8), "hier": group_hier, "api": group_api,
+          "compact": group_compact}
 
 if __name__ == "__main__":
     for g in sys.argv[1:]:

@@ -33,8 +33,10 @@ reverse ``ppermute``, of ``all_gather`` a reduce-scatter, so dK/dV travel the fo
 
 A pruned schedule is a static, hashable argument built from the *concrete* mask and plan
 (`comm.needed_chunks`): a mask/plan whose needed-pattern differs needs a new schedule and
-recompiles; mask values with the same pattern do not. Un-received (pruned) slots arrive as zeros
-and their columns are force-masked (never NaN), but a schedule built for a *different* mask
+recompiles; mask values with the same pattern do not. A chunk slot that no rank receives in a
+piece is left out of that piece (the pieces are compact: their key width is the kept slots' only);
+a slot that some ranks receive and others do not arrives as zeros on the latter and its columns
+are force-masked there (never NaN), but a schedule built for a *different* mask
 silently drops chunks that mask needs: always build it from the mask you pass.
 """
 
@@ -360,24 +362,27 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
                 get(tid)
 
     pieces = sched.pieces
-    zeros = jnp.zeros_like(slot(0))
     kvs, lbs = [], []
     for i, piece in enumerate(pieces):
         # issue the next piece's transfers before this piece's compute (overlap)
         issue(piece)
         if i + 1 < len(pieces):
             issue(pieces[i + 1])
+        # compact: drop the slots nobody receives in this piece (tid -2: pruned for every rank,
+        # static); slots received by some ranks only stay, zero-filled and masked where not received
+        keep = [bi for bi, tid in enumerate(piece.slots) if tid != -2]
+        if not keep:
+            continue
         if all(tid == -1 for tid in piece.slots):
             kvp = kv_local  # the rank's own K/V: no copy
         else:
-            parts = [slot(bi) if tid == -1 else (get(tid) if tid >= 0 else zeros)
-                     for bi, tid in enumerate(piece.slots)]
-            kvp = jnp.concatenate(parts, axis=2)  # [2, B, m*C, K, d]
+            parts = [slot(bi) if piece.slots[bi] == -1 else get(piece.slots[bi]) for bi in keep]
+            kvp = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)  # [2, B, k*C, K, d]
         src = jnp.asarray(piece.source, jnp.int32)[my]
-        cols = chunk_token_index(plan[src], c)
+        cols = chunk_token_index(plan[src][jnp.asarray(keep, jnp.int32)], c)
         lb = jnp.take(loc, cols, axis=-1)
-        if not all(all(r) for r in piece.received):
-            rec = jnp.asarray(piece.received, bool)[my]  # [m]
+        if not all(r[bi] for r in piece.received for bi in keep):
+            rec = jnp.asarray(piece.received, bool)[my][jnp.asarray(keep, jnp.int32)]  # [k]
             lb = masked_bounds(lb, jnp.repeat(~rec, c), lq)
         kvs.append(kvp)
         lbs.append(lb)
