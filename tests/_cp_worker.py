@@ -485,7 +485,8 @@ def group_compact():
     orig = pieces_mod.piece_attention
 
     def recording(q, kvs, lbs, cfg):
-        widths.append([(int(kv.shape[2]), int(lb.shape[-1])) for kv, lb in zip(kvs, lbs)])
+        widths.append([(int(kv[0].shape[1] if isinstance(kv, (tuple, list)) else kv.shape[2]),
+                        int(lb.shape[-1])) for kv, lb in zip(kvs, lbs)])
         return orig(q, kvs, lbs, cfg)
 
     pieces_mod.piece_attention = recording

@@ -314,6 +314,33 @@ def _hint_directions(schedule_hints):
     return table[schedule_hints]
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _own_kv(k, v, slots, c):
+    """``((k, v), payloads)``: k and v unchanged, and per own chunk slot s in `slots` the stacked
+    ``[2, B, C, K, d]`` K/V of tokens ``s*C .. s*C+C-1`` (one ppermute's payload).
+
+    Its backward adds each payload's cotangent (the dK/dV the receivers send back) into the rows of
+    its slot of dk / dv with ``.at[].add`` (an in-place dynamic-update-slice of the local piece's
+    kernel output): autodiff of a slice would pad the cotangent to all rows and add over them."""
+    return (k, v), tuple(jnp.stack([lax.slice_in_dim(x, s * c, (s + 1) * c, axis=1) for x in (k, v)])
+                         for s in slots)
+
+
+def _own_kv_fwd(k, v, slots, c):
+    return _own_kv(k, v, slots, c), None
+
+
+def _own_kv_bwd(slots, c, _, cts):
+    (dk, dv), dps = cts
+    for s, dp in zip(slots, dps):
+        dk = dk.at[:, s * c:(s + 1) * c].add(dp[0].astype(dk.dtype))
+        dv = dv.at[:, s * c:(s + 1) * c].add(dp[1].astype(dv.dtype))
+    return dk, dv
+
+
+_own_kv.defvjp(_own_kv_fwd, _own_kv_bwd)
+
+
 def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, single_call=False,
                fused=None):
     """Unrolled direct sends of a static `Schedule` (one ppermute per chunk slot and round).
@@ -330,9 +357,18 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
 
     b, lq, _, _ = q.shape
     m = sched.m
-    kv_local = jnp.stack([k, v])  # [2, B, m*C, K, d]
-    kv = kv_local.reshape((2, b, m, c) + k.shape[2:])  # [2, B, m, C, K, d]
-    slot = lambda i: kv[:, :, i]  # noqa: E731
+    # own K/V: the pair (k, v) for the local piece (no stack copy) and the stacked payload of every
+    # own chunk slot some transfer sends; `_own_kv`'s backward adds the returned dK/dV of a slot
+    # into the local piece's dK/dV in place (a dynamic-update-slice, not a pass over all rows)
+    own_slots = tuple(sorted({t.slot for t in sched.transfers if t.via == -1}))
+    kv_pair, payloads = _own_kv(k, v, own_slots, c)
+    payload_of = dict(zip(own_slots, payloads))
+
+    def slot(i):  # own slot i, stacked [2, B, C, K, d]
+        if i in payload_of:
+            return payload_of[i]
+        return jnp.stack([lax.slice_in_dim(x, i * c, (i + 1) * c, axis=1) for x in kv_pair])
+
     bufs = {}
     hint_dirs = fused["hints"] if fused and sched.kind == "ring" and not single_call else (False, False)
     hints = any(hint_dirs)
@@ -374,7 +410,8 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
         if not keep:
             continue
         if all(tid == -1 for tid in piece.slots):
-            kvp = kv_local  # the rank's own K/V: no copy
+            # the rank's own K/V: the pair for the fused pieces (no copy), else stacked
+            kvp = kv_pair if fused is not None and not single_call else jnp.stack(kv_pair)
         else:
             parts = [slot(bi) if piece.slots[bi] == -1 else get(piece.slots[bi]) for bi in keep]
             kvp = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)  # [2, B, k*C, K, d]
