@@ -355,8 +355,7 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
     """
     from . import pieces as pieces_mod
 
-    b, lq, _, _ = q.shape
-    m = sched.m
+    lq = q.shape[1]
     # own K/V: the pair (k, v) for the local piece (no stack copy) and the stacked payload of every
     # own chunk slot some transfer sends; `_own_kv`'s backward adds the returned dK/dV of a slot
     # into the local piece's dK/dV in place (a dynamic-update-slice, not a pass over all rows)
@@ -398,7 +397,7 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
                 get(tid)
 
     pieces = sched.pieces
-    kvs, lbs = [], []
+    kvs, lbs, single = [], [], []
     for i, piece in enumerate(pieces):
         # issue the next piece's transfers before this piece's compute (overlap)
         issue(piece)
@@ -423,6 +422,7 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
             lb = masked_bounds(lb, jnp.repeat(~rec, c), lq)
         kvs.append(kvp)
         lbs.append(lb)
+        single.append(len(keep) == 1 and piece.slots[keep[0]] >= 0)  # K/V = one transfer's payload
     if single_call:
         kvp = jnp.concatenate(kvs, axis=2)
         lb = jnp.concatenate(lbs, axis=-1)
@@ -435,7 +435,10 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
             base_margin=fused["base_margin"], overlap_margin=fused["overlap_margin"],
             # the local piece (own rows x own keys) is never fully masked in practice: no cond
             skip=[kw["skip_masked"] and i > 0 for i in range(n)],
-            groups=[group(i + 1) for i in range(n - 1)] if hints else None)
+            groups=[group(i + 1) for i in range(n - 1)] if hints else None,
+            # a piece that is one transfer's payload gets its stacked dK/dV (the reverse
+            # ppermute's operand) straight from its cond: the skip branch writes it once
+            stack_in_cond=single)
         return pieces_mod.piece_attention(q, kvs, lbs, cfg)  # out already in q.dtype
     acc = None
     for kvp, lb in zip(kvs, lbs):

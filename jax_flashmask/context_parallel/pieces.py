@@ -55,6 +55,11 @@ class PieceConfig:
     skip: tuple
     fwd_groups: tuple  # per piece: scheduling-group id (str) or None
     bwd_groups: tuple
+    # per piece (empty: all False): a skippable stacked piece whose K/V is one ppermute's payload
+    # returns its dK/dV stacked from the cond (the skip branch writes the stacked zeros directly,
+    # which are the reverse ppermute's operand as they are); False: unstacked from the cond, stacked
+    # outside it, where the slices of several transfers fuse with the stack
+    stack_in_cond: tuple = ()
 
 
 def scheduling_group(group):
@@ -225,17 +230,27 @@ def _pieces_bwd(cfg, res, cts):
                     _match(dvi.astype(v.dtype), *refs))
 
         args = (q, kv, lb, o, lse, do, dlse)
+        stacked_out = (cfg.skip[i] and not isinstance(kv, (tuple, list)) and bool(cfg.stack_in_cond)
+                       and cfg.stack_in_cond[i])
+        if stacked_out:
+            def compute(*a, unstacked=compute):
+                dqi, dki, dvi = unstacked(*a)
+                return dqi, _match(jnp.stack([dki, dvi]), *a)
+
         if cfg.skip[i]:
             shapes = jax.eval_shape(compute, *args)
 
             def skip(*a, shapes=shapes):
                 return tuple(_match(jnp.zeros(s.shape, s.dtype), *a) for s in shapes)
 
-            dqi, dki, dvi = lax.cond(jnp.logical_not(_fully_masked(lb, lq)), compute, skip, *args)
+            outs = lax.cond(jnp.logical_not(_fully_masked(lb, lq)), compute, skip, *args)
         else:
-            dqi, dki, dvi = compute(*args)
-        dqs[i] = dqi
-        dkvs[i] = (dki, dvi) if isinstance(kv, (tuple, list)) else jnp.stack([dki, dvi])
+            outs = compute(*args)
+        dqs[i] = outs[0]
+        if stacked_out:
+            dkvs[i] = outs[1]
+        else:
+            dkvs[i] = outs[1:] if isinstance(kv, (tuple, list)) else jnp.stack(outs[1:])
     if not _chained(cfg):
         dq = functools.reduce(jnp.add, [d.astype(jnp.float32) for d in reversed(dqs)])
         return dq.astype(q.dtype), dkvs, [None] * len(lbs)
@@ -273,12 +288,13 @@ def piece_attention(q, kvs, lbs, cfg: PieceConfig):
 
 
 def make_config(n, *, implementation, scale, head_dim, deterministic=False, base_margin=0,
-                overlap_margin=None, skip=None, groups=None):
+                overlap_margin=None, skip=None, groups=None, stack_in_cond=None):
     """A `PieceConfig` for n pieces, of which every piece but the last overlaps a transfer.
 
     ``overlap_margin``: None (use ``base_margin`` everywhere), an int (forward and backward) or a
     pair ``(fwd, bwd)``: the ``sm_margin`` of the overlapping pieces; the last piece keeps
     ``base_margin``. ``groups``: None or n-1 pairs ``(fwd_id, bwd_id)`` for pieces 0..n-2.
+    ``stack_in_cond``: None or n bools (`PieceConfig.stack_in_cond`).
     """
     if overlap_margin is None:
         om = (base_margin, base_margin)
@@ -296,8 +312,12 @@ def make_config(n, *, implementation, scale, head_dim, deterministic=False, base
     fg = tuple((groups[i][0] if groups is not None and i < n - 1 else None) for i in range(n))
     bg = tuple((groups[i][1] if groups is not None and i < n - 1 else None) for i in range(n))
     sc = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    sic = () if stack_in_cond is None else tuple(bool(x) for x in stack_in_cond)
+    if sic and len(sic) != n:
+        raise ValueError(f"stack_in_cond has {len(sic)} entries for {n} pieces")
     return PieceConfig(implementation=implementation, scale=sc, deterministic=bool(deterministic),
-                       fwd_margin=fwd_m, bwd_margin=bwd_m, skip=skip, fwd_groups=fg, bwd_groups=bg)
+                       fwd_margin=fwd_m, bwd_margin=bwd_m, skip=skip, fwd_groups=fg, bwd_groups=bg,
+                       stack_in_cond=sic)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
