@@ -21,7 +21,13 @@ It also fixes what runs where, per piece (static, `PieceConfig`):
   the last; backward, computed last piece first: every piece but the last as well, while the later
   pieces' dK/dV travel back), so the margin is paid only there.
 * ``skip[i]``: wrap piece i in a ``lax.cond`` that skips it when it is fully masked for this rank
-  (the local piece never needs it; a GPU conditional costs a device-to-host sync).
+  (the local piece never needs it; a GPU conditional costs a device-to-host sync). The cond carries
+  the piece's share of the elementwise work so that a skipped piece costs no HBM pass: forward, the
+  LSE merge into the running (out, lse) happens inside the compute branch and the skip branch
+  returns the running result unchanged; backward, the piece's dQ leaves its cond in the kernel
+  dtype and is added to the local piece's dQ inside a second cond on the same predicate (skipped:
+  the local dQ passes through). ``stack_in_cond[i]``: the piece's stacked dK/dV (one ppermute's
+  operand) comes straight out of the cond.
 * ``groups[i]``: an XLA scheduling-group id (``_scheduling_group_id`` frontend attribute) put on
   piece i's forward and backward kernels; `hinted_ppermute` puts the same ids on the transfers that
   should overlap them, so XLA's latency-hiding scheduler issues those transfers before the kernel
