@@ -89,6 +89,14 @@ struct FwdTraits {
 template <class Base>
 struct FwdTraitsGroupScan : Base {
   static constexpr bool kGroupScan = true;
+  // setmaxnreg split 56/224 instead of 40/232 (same pool: 56*128 + 224*256 = 168*384): the group
+  // walk keeps one more word of state and ptxas hoists the eight metadata row addresses of the
+  // block scan, which at 40 registers spilled 24 LDL/STL into the producer's per-block path
+  // (the block index and the phase bit reloaded from local memory before every K/V TMA and the
+  // bounds' bulk copies; variant 3's producer has none). The consumers use at most R212 (d128) /
+  // R188 (d64) / R213 (d256) of 232, so 224 leaves their allocation alone (checked: no spills).
+  static constexpr int kRegProducer = Base::Bn > 128 ? 24 : 56;
+  static constexpr int kRegConsumer = Base::Bn > 128 ? 240 : 224;
 };
 
 struct KArgs {
