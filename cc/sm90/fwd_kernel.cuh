@@ -93,8 +93,8 @@ struct FwdTraitsGroupScan : Base {
   // walk keeps one more word of state and ptxas hoists the eight metadata row addresses of the
   // block scan, which at 40 registers spilled 24 LDL/STL into the producer's per-block path
   // (the block index and the phase bit reloaded from local memory before every K/V TMA and the
-  // bounds' bulk copies; variant 3's producer has none). The consumers use at most R212 (d128) /
-  // R188 (d64) / R213 (d256) of 232, so 224 leaves their allocation alone (checked: no spills).
+  // bounds' bulk copies; variant 3's producer has none). The consumers top out at R212 (d128) /
+  // R185 (d64) / R221 (d256) under 224: no spills anywhere (NOTES_gscan.md, compile facts).
   static constexpr int kRegProducer = Base::Bn > 128 ? 24 : 56;
   static constexpr int kRegConsumer = Base::Bn > 128 ? 240 : 224;
 };
