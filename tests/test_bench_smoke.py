@@ -296,3 +296,14 @@ def test_bwd_lockstep_model_runs():
     c5, _ = model.per_tile(model.prog_v5, 8, **kw)
     c12, _ = model.per_tile(model.prog_v12, 8, **kw)
     assert 2560 < c12 < c5, (c5, c12)
+
+
+def test_gscan_walk_check():
+    """benchmarks/gscan_walk.py --check, smaller: forward variant 7's group walk (the kernel's, with
+    the merged first step) yields variant 3's (block, partial) sequence and, per query tile, at most
+    variant 3's dependent metadata steps before the first block, between blocks and after the last;
+    with the group level off it is variant 3's walk step for step."""
+    spec = importlib.util.spec_from_file_location("gscan_walk", ROOT / "benchmarks" / "gscan_walk.py")
+    walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walk)
+    assert walk.check(rand_cases=40, seqs=(4096,)) == 0

@@ -89,6 +89,14 @@ struct FwdTraits {
 template <class Base>
 struct FwdTraitsGroupScan : Base {
   static constexpr bool kGroupScan = true;
+  // setmaxnreg split 56/224 instead of 40/232 (same pool: 56*128 + 224*256 = 168*384): the group
+  // walk keeps one more word of state and ptxas hoists the eight metadata row addresses of the
+  // block scan, which at 40 registers spilled 24 LDL/STL into the producer's per-block path
+  // (the block index and the phase bit reloaded from local memory before every K/V TMA and the
+  // bounds' bulk copies; variant 3's producer has none). The consumers top out at R212 (d128) /
+  // R185 (d64) / R221 (d256) under 224: no spills anywhere (NOTES_gscan.md, compile facts).
+  static constexpr int kRegProducer = Base::Bn > 128 ? 24 : 56;
+  static constexpr int kRegConsumer = Base::Bn > 128 ? 240 : 224;
 };
 
 struct KArgs {
@@ -153,10 +161,13 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TA const& tA, TB const
 // kGroups (variant 7): the key blocks are also classified in groups of 32 (a group's metadata is
 // the min/max over its blocks', so a skipped group holds only skipped blocks), 32 groups per
 // ballot; the walk scans only the groups whose test does not skip them, and stops after the last
-// such group instead of scanning every group to nblk. The kept blocks and their order are the
-// same. goff (KArgs::group_meta, passed to every call rather than kept: one register less in the
-// 40-register producer) is the offset of the group metadata from mt; with goff == 0 every group
-// counts as possibly kept (variant 3's walk).
+// such group instead of scanning every group to nblk; the ballot of a chunk of groups and the
+// block scan of its first group are one step. The kept blocks and their order are the same, and
+// per query tile the walk takes at most as many dependent metadata steps as variant 3's, before
+// the first block, between blocks and after the last (benchmarks/gscan_walk.py --check).
+// goff (KArgs::group_meta, passed to every call rather than kept: one register less in the
+// producer) is the offset of the group metadata from mt; with goff == 0 every group counts as
+// possibly kept (variant 3's walk, step for step).
 template <bool kGroups>
 struct KeptGroups {};
 template <>
@@ -188,11 +199,16 @@ struct KeptBlocks : KeptGroups<kGroups> {
     }
     advance(goff_);
   }
-  // kGroups: with `group` the ballot classifies groups base / 32 .. base / 32 + 31 instead (keep =
-  // the groups that may hold a kept block; a group's metadata is int4 {LTSmax, LTEmin, UTSmax,
-  // UTEmin} at mt + goff; goff == 0: every group that exists). One ballot site for both kinds: with
-  // two, ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the
-  // main loop's GEMM descriptors moved through vector registers).
+  // kGroups: with `group` the step also classifies the groups base / 32 .. base / 32 + 31, one per
+  // lane (a group's metadata is int4 {LTSmax, LTEmin, UTSmax, UTEmin} at mt + goff; goff == 0:
+  // every group that exists counts), and leaves the candidate groups after the first in gmask.
+  // The block scan of the first group (base) runs in the same step: its loads are issued with the
+  // group loads, so a tile whose walk starts in that group pays one round trip, as in variant 3,
+  // not two (ballot, then scan). A group that the group test skips holds only skipped blocks
+  // (its max / min bound every block's), so scanning it anyway keeps nothing; no mask needed, and
+  // the kept blocks are exactly variant 3's. One ballot site for every kind of step: with two,
+  // ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the main
+  // loop's GEMM descriptors moved through vector registers).
   __device__ __forceinline__ void scan(bool group = false, int goff = 0) {
     // the lane id is read here, not kept in a member: a member was one more live register across
     // the consumer's tile loop and ptxas spilled it (variant 6 build)
@@ -200,27 +216,46 @@ struct KeptBlocks : KeptGroups<kGroups> {
     asm("mov.u32 %0, %%laneid;" : "=r"(lane));
     const int n = base + (int)lane;
     bool k = false, p = false;
-    if (kGroups && group) {
-      const int g = (base >> 5) + (int)lane;
-      if (32 * g < nblk) {
-        k = true;
-        if (goff != 0) {
-          const int4 x = __ldg(reinterpret_cast<const int4*>(mt + goff) + g);
-          k = !((ms >= x.x && me <= x.y) || (ms >= x.z && me <= x.w));
+    if constexpr (kGroups) {
+      bool kg = false;
+      if (group) {
+        const int g = (base >> 5) + (int)lane;
+        if (32 * g < nblk) {
+          kg = true;
+          if (goff != 0) {
+            const int4 x = __ldg(reinterpret_cast<const int4*>(mt + goff) + g);
+            kg = !((ms >= x.x && me <= x.y) || (ms >= x.z && me <= x.w));
+          }
         }
       }
-      p = k;  // the caller takes keep & part: both ballots stay live on both paths (one site)
-    } else if (n < nblk) {
-      const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
-      const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
-      const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
-      const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
-      const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-      p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
-      k = !skip;
+      if (n < nblk) {
+        const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
+        const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
+        const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
+        const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
+        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+        p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
+        k = !skip;
+      }
+      keep = __ballot_sync(0xffffffffu, k);
+      part = __ballot_sync(0xffffffffu, p);
+      const unsigned gb = __ballot_sync(0xffffffffu, kg);
+      if (group) this->gmask = gb & ~1u;  // bit 0 = the group just scanned
+    } else {
+      (void)group;
+      (void)goff;
+      if (n < nblk) {
+        const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
+        const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
+        const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
+        const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
+        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+        p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
+        k = !skip;
+      }
+      keep = __ballot_sync(0xffffffffu, k);
+      part = __ballot_sync(0xffffffffu, p);
     }
-    keep = __ballot_sync(0xffffffffu, k);
-    part = __ballot_sync(0xffffffffu, p);
   }
   __device__ __forceinline__ void advance(int goff) {
     if constexpr (kGroups) {
@@ -232,7 +267,8 @@ struct KeptBlocks : KeptGroups<kGroups> {
           const int bit = __ffs(this->gmask) - 1;
           this->gmask &= this->gmask - 1u;
           base = 32 * (((base >> 10) << 5) + bit);
-        } else {  // chunk done (or none yet, base = -32): the group ballot of the next chunk
+        } else {  // chunk done (or none yet, base = -32): the group ballot of the next chunk,
+                  // with the block scan of its first group
           const int c = ((base >> 10) + 1) << 5;  // its first group
           if (32 * c >= nblk) {
             nxt = -1;
@@ -242,10 +278,6 @@ struct KeptBlocks : KeptGroups<kGroups> {
           group = true;
         }
         scan(group, goff);
-        if (group) {
-          this->gmask = keep & part;
-          keep = 0u;
-        }
       }
     } else {
       (void)goff;

@@ -315,3 +315,32 @@ def test_group_scan_bit_identical(d):
         np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
         assert np.all(l3[0, 256:] == -np.inf) and np.all(o3[0, 256:] == 0.0), msg  # the empty tile
         assert np.all(np.isfinite(l3[0, :200])), msg
+
+
+@pytest.mark.parametrize("S", [32768, 131072])
+def test_group_scan_bit_identical_benchmark_masks(S):
+    """Variant 7 against variant 3, bit for bit, on the masks kernel_timing.py times (benchmark_suite(S,
+    seed 0), exactly as it builds them) at the lengths where the group level has 8 / 32 groups: the
+    masks whose timing regressed in the first measurement (sliding_window: window of 16 key blocks =
+    half a group at 32K; prefix_lm_document; random_eviction: 3/4 of the kept blocks partial) and
+    those that gained (share_question, causal_document), plus full (every group a candidate).
+    d = 128, two heads sharing one K/V head."""
+    v7 = getattr(_cuda, "GROUP_SCAN_VARIANT", None)
+    if v7 is None or not _supported(v7, jnp.bfloat16, 128):
+        pytest.skip("forward variant 7 (group walk) not compiled for d=128")
+    masks = pytest.importorskip("jax_flashmask.masks")
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 1, S, S, 2, 1, 128, jnp.bfloat16)
+    names = ["sliding_window", "prefix_lm_document", "random_eviction", "share_question",
+             "causal_document", "full"]
+    suite = masks.benchmark_suite(S, 0, batch=1)
+    for name in names:
+        m = suite[name]
+        bb = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
+        o3, l3 = _cuda.forward(q, k, v, bb, scale=128 ** -0.5, variant=3)
+        o7, l7 = _cuda.forward(q, k, v, bb, scale=128 ** -0.5, variant=v7)
+        msg = f"seed={seed} {name} S={S}"
+        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
+                                      err_msg=msg)
+        np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
