@@ -68,6 +68,8 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 # two-level key-block walk (groups of 32 blocks; its group level only from 3 groups on, i.e. Sk > 8K
 # at d = 64/128: the small cases here run it with the level off; test_group_scan_bit_identical
 # runs it on).
+# Variant 10 (3 with the partial blocks' mask as bit words) is not in TESTED_VARIANTS: select it
+# with JFM_TEST_VARIANTS="3,10"; test_mask_bits_bit_identical always runs it against 3.
 # JFM_TEST_VARIANTS="3,6" overrides the list (the device script runs new variants in a separate,
 # time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
@@ -226,7 +228,7 @@ def test_sm_margin_identical(d):
     q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, 2, S, S)):
         b = jnp.asarray(b)
-        for var in sorted(v for v in ({3, 5, 6, 7} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
+        for var in sorted(v for v in ({3, 5, 6, 7, 10} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
             ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
             ro = np.asarray(ro.astype(jnp.float32))
             rl = np.asarray(rl)
@@ -315,3 +317,64 @@ def test_group_scan_bit_identical(d):
         np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
         assert np.all(l3[0, 256:] == -np.inf) and np.all(o3[0, 256:] == 0.0), msg  # the empty tile
         assert np.all(np.isfinite(l3[0, :200])), msg
+
+
+def _extreme_bounds(rng, B, Hm, Sk):
+    """Bounds anywhere in int32 (INT_MIN / INT_MAX, reversed and wrapping intervals), half of the
+    columns, the rest small: the element test wraps modulo 2^32 and variant 10's bit words must
+    reproduce it exactly."""
+    big = rng.integers(-(2 ** 31), 2 ** 31, (B, Hm, 4, Sk))
+    ends = rng.choice(np.array([-(2 ** 31), 2 ** 31 - 1, 0, -1]), (B, Hm, 4, Sk))
+    small = rng.integers(-64, 700, (B, Hm, 4, Sk))
+    sel = rng.integers(0, 3, (B, Hm, 4, Sk))
+    return np.choose(sel, [big, ends, small]).astype(np.int32)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_mask_bits_bit_identical(d):
+    """Variant 10 (variant 3 with the element mask of partial key blocks as bit words built by the
+    producer's mask builders) selects -inf or the score for exactly the elements variant 3 does, so
+    outputs and LSE are equal bit for bit: the 12 mask families (random_eviction: most blocks
+    partial) at S = 1500 (ragged last query tile and key block), GQA 8 / 2 with a mask head per query
+    head, Sq != Sk with Sk % 4 != 0 (variant 3 then reads the bounds from global memory) and
+    Sk % 4 == 0 (smem-staged), fully masked rows / query tiles, large logits, bounds anywhere in
+    int32, both dtypes, and a persistent grid that loops (many tiles per CTA, both K stages reused
+    across tiles)."""
+    v10 = getattr(_cuda, "MASK_BITS_VARIANT", None)
+    if v10 is None or not _supported(v10, jnp.bfloat16, d):
+        pytest.skip(f"forward variant 10 (bit-word mask) not compiled for d={d}")
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+
+    def same(q, k, v, bb, scale, label):
+        bb = jnp.asarray(bb)
+        o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
+        o10, l10 = _cuda.forward(q, k, v, bb, scale=scale, variant=v10)
+        msg = f"seed={seed} {label} d={d} dtype={q.dtype}"
+        o3 = np.asarray(o3.astype(jnp.float32))
+        l3 = np.asarray(l3)
+        np.testing.assert_array_equal(np.asarray(o10.astype(jnp.float32)), o3, err_msg=msg)
+        np.testing.assert_array_equal(np.asarray(l10), l3, err_msg=msg)
+        return o3, l3
+
+    S = 1500
+    q, k, v = _inputs(rng, 1, S, S, 8, 2, d, jnp.bfloat16)
+    for name, bb in _suite(S, seed).items():
+        same(q, k, v, bb, d ** -0.5, f"{name} S={S}")
+    # a mask head per query head (GQA 8 / 2), random bounds, large logits
+    same(q, k, v, random_bounds(rng, 1, 8, S, S), 40.0 / d ** 0.5, "random Hm=8 large logits")
+    same(q, k, v, _extreme_bounds(rng, 1, 2, S), d ** -0.5, "int32 extremes Hm=2")
+    for dtype in (jnp.bfloat16, jnp.float16):
+        for Sq, Sk in ((700, 1111), (333, 1108), (1025, 260), (130, 3)):
+            q, k, v = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
+            bb = random_bounds(rng, 2, 2, Sq, Sk)
+            bb[:, :, 0, : Sk // 2] = 0  # rows [0, Sq) of the first half of the columns masked ...
+            bb[:, :, 1, : Sk // 2] = Sq
+            bb[1, :, 0, Sk // 2:] = 0  # ... and of every column in batch 1: fully masked rows
+            bb[1, :, 1, Sk // 2:] = Sq // 3
+            o3, l3 = same(q, k, v, bb, d ** -0.5, f"Sq={Sq} Sk={Sk}")
+            assert np.all(l3[1, : Sq // 3] == -np.inf) and np.all(o3[1, : Sq // 3] == 0.0)
+            same(q, k, v, _extreme_bounds(rng, 2, 1, Sk), d ** -0.5, f"int32 extremes Sq={Sq} Sk={Sk}")
+    # many tiles per CTA (B * N * ceil(Sq / 128) = 4 * 8 * 20 = 640 tiles on <= 132 CTAs)
+    q, k, v = _inputs(rng, 4, 2500, 2500, 8, 8, d, jnp.bfloat16)
+    same(q, k, v, _suite(2500, seed, 4)["random_eviction"], d ** -0.5, "random_eviction B=4 S=2500")
