@@ -152,11 +152,12 @@ __device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, u
 // on up to k < len - d; else the interval may start inside the word at k = lo - rb (mod 2^32).
 __device__ __forceinline__ uint32_t fwd_row_bits(int lo, uint32_t len, int rb) {
   const uint32_t d = (uint32_t)rb - (uint32_t)lo;
-  const uint32_t w0 = d < len ? len - d : 0u;
-  const uint32_t s = min(0u - d, 32u);  // clamped here: bmsk.clamp's operands stay below 2^31
+  const uint32_t w0 = min(d < len ? len - d : 0u, 32u);
+  // operands clamped here to [0, 32], where bmsk.clamp is bits [pos, min(pos + width, 32))
+  const uint32_t s = min(0u - d, 32u), w1 = min(len, 32u);
   uint32_t a, b;
   asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(a) : "r"(0u), "r"(w0));
-  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(b) : "r"(s), "r"(len));
+  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(b) : "r"(s), "r"(w1));
   return a | b;
 }
 
@@ -701,6 +702,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // (bits_full was waited for in wait_bits)
           (void)n;
           if (partial) apply_bits(st.index());
+          asm volatile("" ::: "memory");  // the words are read before the release
           pipe_k.consumer_release(st);
         } else if (partial && smem_bnd) {
           apply_mask(cute::true_type{}, n, st.index());
