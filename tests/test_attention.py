@@ -298,9 +298,10 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_variant(None, 8192) == 3 and _cuda.resolve_variant(None, 131072) == 7
     for d in (64, 128, 256):
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
-    assert 10 not in _cuda.TESTED_VARIANTS
-    with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7, 10,"):
-        _cuda.resolve_variant(11)
+    assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
+    assert _cuda.resolve_variant(11) == 11 and 11 in _cuda.GROUP_META_VARIANTS  # 7 + 10's mask
+    with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7, 10, 11,"):
+        _cuda.resolve_variant(12)
     for removed in (1, 8, 9):
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)

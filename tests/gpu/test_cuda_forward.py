@@ -68,8 +68,9 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 # two-level key-block walk (groups of 32 blocks; its group level only from 3 groups on, i.e. Sk > 8K
 # at d = 64/128: the small cases here run it with the level off; test_group_scan_bit_identical
 # runs it on).
-# Variant 10 (3 with the partial blocks' mask as bit words) is not in TESTED_VARIANTS: select it
-# with JFM_TEST_VARIANTS="3,10"; test_mask_bits_bit_identical always runs it against 3.
+# Variants 10 / 11 (3 / 7 with the partial blocks' mask as bit words) are not in TESTED_VARIANTS:
+# select them with JFM_TEST_VARIANTS="3,10,11"; test_mask_bits_bit_identical always runs them
+# against 3 (and test_group_scan_bit_identical 11 with the group level on).
 # JFM_TEST_VARIANTS="3,6" overrides the list (the device script runs new variants in a separate,
 # time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
@@ -228,7 +229,7 @@ def test_sm_margin_identical(d):
     q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, 2, S, S)):
         b = jnp.asarray(b)
-        for var in sorted(v for v in ({3, 5, 6, 7, 10} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
+        for var in sorted(v for v in ({3, 5, 6, 7, 10, 11} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
             ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
             ro = np.asarray(ro.astype(jnp.float32))
             rl = np.asarray(rl)
@@ -291,14 +292,18 @@ def test_group_scan_bit_identical(d):
     cases = [(f"{name} S={S}", bb, scale) for name, bb in _suite(S, seed).items()
              for scale in (d ** -0.5,)]
     cases.append(("random S=%d large logits" % S, random_bounds(rng, 1, 1, S, S), 40.0 / d ** 0.5))
+    # variant 11 (7 with variant 10's bit-word mask) where compiled: the same comparisons
+    others = [v7] + [v for v in (getattr(_cuda, "MASK_BITS_GS_VARIANT", None),)
+                     if v is not None and _supported(v, jnp.bfloat16, d)]
     for label, bb, scale in cases:
         bb = jnp.asarray(bb)
         o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
-        o7, l7 = _cuda.forward(q, k, v, bb, scale=scale, variant=v7)
-        msg = f"seed={seed} {label} d={d}"
-        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
-                                      err_msg=msg)
-        np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
+        for var in others:
+            o7, l7 = _cuda.forward(q, k, v, bb, scale=scale, variant=var)
+            msg = f"seed={seed} {label} d={d} variant={var}"
+            np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
+                                          err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
     # more than 32 groups (1094 key blocks), both dtypes
     Sq = 384
     Sk = 140004 if d < 256 else 70004  # not a multiple of the key block: ragged last block
@@ -309,12 +314,13 @@ def test_group_scan_bit_identical(d):
     for dtype in (jnp.bfloat16, jnp.float16):
         q, k, v = _inputs(rng, 1, Sq, Sk, 2, 1, d, dtype)
         o3, l3 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=3)
-        o7, l7 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=v7)
-        msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d} dtype={dtype.__name__}"
         o3 = np.asarray(o3.astype(jnp.float32))
         l3 = np.asarray(l3)
-        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), o3, err_msg=msg)
-        np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
+        for var in others:
+            o7, l7 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var)
+            msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d} dtype={dtype.__name__} variant={var}"
+            np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), o3, err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
         assert np.all(l3[0, 256:] == -np.inf) and np.all(o3[0, 256:] == 0.0), msg  # the empty tile
         assert np.all(np.isfinite(l3[0, :200])), msg
 
@@ -340,21 +346,23 @@ def test_mask_bits_bit_identical(d):
     Sk % 4 == 0 (smem-staged), fully masked rows / query tiles, large logits, bounds anywhere in
     int32, both dtypes, and a persistent grid that loops (many tiles per CTA, both K stages reused
     across tiles)."""
-    v10 = getattr(_cuda, "MASK_BITS_VARIANT", None)
-    if v10 is None or not _supported(v10, jnp.bfloat16, d):
-        pytest.skip(f"forward variant 10 (bit-word mask) not compiled for d={d}")
+    news = [v for v in (getattr(_cuda, "MASK_BITS_VARIANT", None), getattr(_cuda, "MASK_BITS_GS_VARIANT", None))
+            if v is not None and _supported(v, jnp.bfloat16, d)]
+    if not news:
+        pytest.skip(f"forward variants 10 / 11 (bit-word mask) not compiled for d={d}")
     seed = _seed()
     rng = np.random.default_rng(seed)
 
     def same(q, k, v, bb, scale, label):
         bb = jnp.asarray(bb)
         o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
-        o10, l10 = _cuda.forward(q, k, v, bb, scale=scale, variant=v10)
-        msg = f"seed={seed} {label} d={d} dtype={q.dtype}"
         o3 = np.asarray(o3.astype(jnp.float32))
         l3 = np.asarray(l3)
-        np.testing.assert_array_equal(np.asarray(o10.astype(jnp.float32)), o3, err_msg=msg)
-        np.testing.assert_array_equal(np.asarray(l10), l3, err_msg=msg)
+        for var in news:
+            o, l = _cuda.forward(q, k, v, bb, scale=scale, variant=var)
+            msg = f"seed={seed} {label} d={d} dtype={q.dtype} variant={var}"
+            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), o3, err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l), l3, err_msg=msg)
         return o3, l3
 
     S = 1500
