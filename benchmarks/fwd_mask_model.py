@@ -443,6 +443,40 @@ def scenarios(d: int, coef, pts, dp_scale: float = 0.3, f_scale: float = 0.5, lo
         print(f"{p['S']:6d} {p['mask']:22s} {tf[0]:6.1f} -> {tf[1]:6.1f} -> {tf[2]:6.1f} -> {tf[3]:6.1f}")
 
 
+# kernel_timing.py runs of variant 3 with seed-0 masks at 32K (the device commands' harness)
+KT32_FILES = {128: "fwd_dev_2026-12-01s5_run1_fwd_v3v7_32k_d128.json"}
+
+
+def predict_mask(ds, ratios, lookahead: int = 1):
+    """Variant 10 (partial blocks' mask as bit words) vs 3: the fitted model of each head dim with
+    dP scaled by each ratio (new / old partial-path cost); TF/s = measured x T3 / T10. Points: the
+    bench_attention.py runs the fit uses (bench masks), 8K and 32K, and kernel_timing.py's seed-0
+    masks where a variant-3 run of that harness exists (8K: KT_FILES, 32K d128: KT32_FILES)."""
+    for d in ds:
+        coef, pts = fit(d, lookahead=lookahead)
+        pts = [p for p in pts if p["S"] in (8192, 32768)]
+        kt = load_kt_points(d)
+        if d in KT32_FILES:
+            kt += load_kt_points(d, files=[KT32_FILES[d]])
+        seen = set()
+        kt = [p for p in kt if not ((p["S"], p["mask"]) in seen or seen.add((p["S"], p["mask"])))]
+        print(f"\nvariant 10 vs 3, d = {d} (dP = {coef[2]:.3f} us x ratio; TF/s = measured x T3 / T10)")
+        print(f"{'harness':8s} {'S':>6s} {'mask':22s} {'part/tile':>9s} {'TF/s v3':>8s} " +
+              " ".join(f"{'x' + format(r, 'g'):>14s}" for r in ratios))
+        for label, group in (("bench", pts), ("k_timing", kt)):
+            for p in group:
+                st = tile_stats(p["S"], d, p["seed"])[p["mask"]]
+                t3 = K0_US + point_rows(p, d, coef, lookahead, variant=3)[2]
+                cells = []
+                for r in ratios:
+                    c2 = coef.copy()
+                    c2[2] *= r
+                    t10 = K0_US + point_rows(p, d, c2, lookahead, variant=3)[2]
+                    cells.append(f"{p['tflops'] * t3 / t10:6.1f} ({100 * (t3 / t10 - 1):+4.1f}%)")
+                print(f"{label:8s} {p['S']:6d} {p['mask']:22s} {st['part'].mean():9.2f} {p['tflops']:8.1f} " +
+                      " ".join(f"{c:>14s}" for c in cells))
+
+
 def main() -> int:
     global K0_US
     ap = argparse.ArgumentParser()
@@ -453,6 +487,8 @@ def main() -> int:
     ap.add_argument("--k0", type=float, default=K0_US, help="per-call cost in us (fixed, not fitted)")
     ap.add_argument("--predict", action="store_true", help="variant 7 vs 3 from the fit")
     ap.add_argument("--walk-check", action="store_true", help="variant 7's walk == variant 3's")
+    ap.add_argument("--predict-mask", type=float, nargs="*", default=None,
+                    help="variant 10 vs 3 with dP scaled by these ratios (e.g. 0.27 0.45)")
     a = ap.parse_args()
     K0_US = a.k0
     for S in a.stats:
@@ -475,6 +511,8 @@ def main() -> int:
                 if kt:
                     report(d, coef, kt, a.lookahead, title="check on kernel_timing.py runs (seed 0 masks), ")
                     predict_v7(d, coef, kt, title="kernel_timing.py masks: ", lookahead=a.lookahead)
+    if a.predict_mask:
+        predict_mask(a.d, a.predict_mask, a.lookahead)
     if a.walk_check:
         return 1 if walk_check() else 0
     return 0

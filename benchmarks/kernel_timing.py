@@ -60,6 +60,8 @@ def main():
     ap.add_argument("--variants", type=int, nargs="+", default=[2])
     ap.add_argument("--sm-margin", type=int, default=0, help="SMs the persistent variants leave free")
     ap.add_argument("--cudnn", action="store_true")
+    ap.add_argument("--check", action="store_true",
+                    help="per mask: whether each variant's O and LSE equal the first variant's bit for bit")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -82,6 +84,7 @@ def main():
             vis = float(masks.visible_fraction(m, S))
             flops_fm = 4.0 * B * H * S * S * d * (1 - rho)
             flops_exact = 4.0 * B * H * S * S * d * vis
+            first = None
             for var in a.variants:
                 f = jax.jit(lambda q, k, v, b, var=var: _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var,
                                                                       sm_margin=a.sm_margin))
@@ -93,6 +96,13 @@ def main():
                 r = dict(impl=f"flashmask_sm90_v{var}" + (f"_m{a.sm_margin}" if a.sm_margin else ""), S=S, B=B, H=H, d=d, mask=name, rho=rho,
                          visible=vis, ms=t * 1e3, tflops_fm=flops_fm / t / 1e12,
                          tflops_exact=flops_exact / t / 1e12)
+                if a.check:
+                    o, l = f(q, k, v, bounds)
+                    if first is None:
+                        first = (var, o, l)
+                    else:
+                        r[f"bitwise_vs_v{first[0]}"] = bool(jnp.array_equal(o, first[1]) & jnp.array_equal(l, first[2]))
+                    del o, l
                 emit(r)
             if a.cudnn and name in ("full", "causal", "sliding_window"):
                 kw = dict(is_causal=name != "full", implementation="cudnn")

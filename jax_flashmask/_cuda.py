@@ -41,11 +41,17 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #      ballot per 32 groups, from group metadata built after the block metadata) and only the
 #      groups that may hold a kept block are scanned, instead of every group of every query tile
 #      (used from 3 groups on: Sk > 8K at d = 64/128, > 4K at d = 256); same blocks in the same
-#      order, outputs bit-identical to 3 (benchmarks/NOTES_fwd_model.md; not yet run on a GPU).
+#      order, outputs bit-identical to 3 (benchmarks/NOTES_fwd_model.md; not yet run on a GPU);
+#  10: variant 3 with the element mask of partial key blocks as bit words (one 32-bit word per key
+#      column and 32 query rows) built by the idle producer warps 1-2 from the bounds in global
+#      memory; a consumer thread tests one bit per element instead of the interval arithmetic
+#      (~155 instead of ~586 instructions per warp and partial block; any Sk, no staged bounds).
+#      Outputs bit-identical to 3 (benchmarks/NOTES_fwd_mask.md; not yet run on a GPU);
+#  11: variant 7 (two-level walk) with variant 10's bit-word mask; bit-identical to 3 and 7.
 # Measured and removed: 1 (one consumer warpgroup), 7 (old number: key blocks of 176: run B +0.4 % on
 # full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
 # wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
-# The persistent variants (3, 5, 6, 7) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# The persistent variants (3, 5, 6, 7, 10, 11) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
@@ -55,7 +61,10 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # (sliding_window 513 -> 452, share_question 390 -> 440, the rest within +-5 %), so 3 below
 # LONG_KEYS keys.
 GROUP_SCAN_VARIANT = 7
-VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT)
+MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_identical)
+MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
+GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT)  # workspace: + group metadata
+VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 65536  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
@@ -177,7 +186,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7; the default is 3, 7 from
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10, 11; the default is 3, 7 from
     LONG_KEYS keys on) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
@@ -190,10 +199,10 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     variant = resolve_variant(variant, Sk)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
-    # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variant 7
-    # also the group metadata (as much again, after the counter)
+    # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variants 7
+    # and 11 also the group metadata (as much again, after the counter)
     ws = B * Hm * 8 * nblk + 32
-    if variant == GROUP_SCAN_VARIANT:
+    if variant in GROUP_META_VARIANTS:
         ws = 2 * ws
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),

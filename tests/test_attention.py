@@ -299,6 +299,16 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
+    # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
+    # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
+    assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
+    assert _cuda.resolve_variant(None, 8192) == 3 and _cuda.resolve_variant(None, 131072) == 7
+    for d in (64, 128, 256):
+        assert _cuda.variant_supported(10, jnp.bfloat16, d)
+    assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
+    assert _cuda.resolve_variant(11) == 11 and 11 in _cuda.GROUP_META_VARIANTS  # 7 + 10's mask
+    with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7, 10, 11,"):
+        _cuda.resolve_variant(12)
     for removed in (1, 8, 9):
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)
@@ -429,3 +439,52 @@ def test_deterministic_gradients_reproducible(impl, heads, kv_heads, mask_heads)
     for x, y, r in zip(a, b, ref):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         assert rel_err(x, r) < 1e-5
+
+
+def _fwd_row_bits(lo, length, rb):
+    """cc/sm90/fwd_kernel.cuh fwd_row_bits in numpy (uint32 arithmetic; bmsk.clamp with both
+    operands already clamped to [0, 32]: bits [pos, min(pos + width, 32)))."""
+    u = np.uint64
+    M = u(0xFFFFFFFF)
+    lo = lo.astype(np.int64).astype(u) & M
+    rb = rb.astype(np.int64).astype(u) & M
+    length = length.astype(u)
+    d = (rb - lo) & M
+    w0 = np.minimum(np.where(d < length, length - d, u(0)), u(32))
+    s = np.minimum((u(0) - d) & M, u(32))
+    w1 = np.minimum(length, u(32))
+
+    def bmsk(pos, width):
+        end = np.minimum(pos + width, u(32))
+        return (((u(1) << end) - u(1)) ^ ((u(1) << pos) - u(1))) & M
+
+    return bmsk(u(0), w0) | bmsk(s, w1)
+
+
+def test_fwd_mask_bits_model():
+    """Forward variant 10's bit words (one word per key column and 32 query rows, built by the
+    producer's mask builders) equal the consumers' element test of variant 3 for every int32
+    bound: (unsigned)(r - LTS) < max(LTE - LTS, 0) | (unsigned)(r - UTS) < max(UTE - UTS, 0)
+    (wrapping 32-bit arithmetic), including intervals that wrap through 2^32, empty / reversed ones
+    and INT_MIN / INT_MAX."""
+    rng = np.random.default_rng(0)
+    n = 20000
+    pools = [rng.integers(-(2 ** 31), 2 ** 31, n), rng.integers(-40, 200, n),
+             rng.choice(np.array([-(2 ** 31), 2 ** 31 - 1, 0, -1, 1, 2 ** 31 - 33, -(2 ** 31) + 5]), n)]
+    def pick():
+        return np.choose(rng.integers(0, 3, n), pools)
+    lts, lte, uts, ute = pick(), pick(), pick(), pick()
+    rb = np.where(rng.random(n) < 0.5, 32 * rng.integers(0, 8, n), 32 * rng.integers(0, 2 ** 26 - 1, n))
+    def length(a, b):  # (unsigned)max(b - a, 0) with the wrapping int32 subtraction
+        diff = ((b - a + 2 ** 31) % 2 ** 32) - 2 ** 31
+        return np.maximum(diff, 0).astype(np.uint64)
+    ll, ul = length(lts, lte), length(uts, ute)
+    words = _fwd_row_bits(lts, ll, rb) | _fwd_row_bits(uts, ul, rb)
+    for k in range(32):
+        r = rb + k
+        want = (((r - lts) % 2 ** 32).astype(np.uint64) < ll) | (((r - uts) % 2 ** 32).astype(np.uint64) < ul)
+        got = ((words >> np.uint64(k)) & np.uint64(1)).astype(bool)
+        assert np.array_equal(got, want), k
+    # a column >= Sk: the interval [0, 2^31 - 1) masks every row
+    w = _fwd_row_bits(np.zeros(4, np.int64), np.full(4, 2 ** 31 - 1, np.uint64), np.array([0, 32, 4096, 2 ** 30]))
+    assert np.all(w == 0xFFFFFFFF)

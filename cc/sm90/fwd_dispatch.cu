@@ -20,9 +20,44 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if (p.variant < 2 || p.variant > 7) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7)";
+  if ((p.variant < 2 || p.variant > 7) && p.variant != 10 && p.variant != 11) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10, 11)";
     return cudaErrorInvalidValue;
+  }
+  if (p.variant == 10) {
+    // Variant 3 with the partial blocks' element mask as bit words built by producer warps 1-2
+    // (FwdTraitsMaskBits; inst/*_mb.cu). Same outputs as variant 3, bit for bit.
+    switch (p.d) {
+      case 64:
+        return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, false, true>(p, stream, err)
+                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, false, true>(p, stream, err);
+      case 128:
+        return bf16 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, false, true>(p, stream, err)
+                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, false, true>(p, stream, err);
+      case 256:
+        return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, false, true>(p, stream, err)
+                    : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, false, true>(p, stream, err);
+      default:
+        if (err) *err = "flashmask sm90 forward: head dim must be 64, 128 or 256";
+        return cudaErrorInvalidValue;
+    }
+  }
+  if (p.variant == 11) {
+    // Variant 7 (two-level walk) with variant 10's bit-word mask (inst/*_gsmb.cu).
+    switch (p.d) {
+      case 64:
+        return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, true, true>(p, stream, err)
+                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, true, true>(p, stream, err);
+      case 128:
+        return bf16 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, true, true>(p, stream, err)
+                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, true, true>(p, stream, err);
+      case 256:
+        return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, true, true>(p, stream, err)
+                    : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, true, true>(p, stream, err);
+      default:
+        if (err) *err = "flashmask sm90 forward: head dim must be 64, 128 or 256";
+        return cudaErrorInvalidValue;
+    }
   }
   if (p.variant == 7) {
     // Variant 3's grid and bounds path with the two-level key-block walk (FwdTraitsGroupScan:
@@ -49,8 +84,10 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
   //   4: one CTA per tile, bounds staged in smem;  5: persistent + dynamic, bounds from global;
   //   6: variant 3 + tile-boundary overlap (the next tile's block scan and first QK^T GEMM are
   //      issued before the current tile's last PV GEMM is waited for; its epilogue runs under them);
-  //   7: variant 3 with the two-level key-block walk (its own instantiations, see above).
-  // The persistent variants (3, 5, 6, 7) launch num_SMs - p.sm_margin CTAs.
+  //   7: variant 3 with the two-level key-block walk (its own instantiations, see above);
+  //  10: variant 3 with the bit-word element mask of partial blocks (its own instantiations);
+  //  11: variant 7 with it.
+  // The persistent variants (3, 5, 6, 7, 10, 11) launch num_SMs - p.sm_margin CTAs.
   // (Measured and no longer compiled, see benchmarks/NOTES.md: 0 = variant 2 without overlap,
   // 1 = one consumer warpgroup, 7 (old) = variant 3 with key blocks of 176, 8 = variant 3 with part of
   // the softmax exp2 on the FMA pipe, 9 = variant 3 with the PV-GEMM wait pinned below the exps.)

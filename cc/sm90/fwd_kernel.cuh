@@ -40,6 +40,10 @@ struct FwdTraits {
   // Variant 7 (FwdTraitsGroupScan below): KeptBlocks first classifies groups of 32 key blocks
   // (one ballot for 32 groups) and scans only the groups that may hold a kept block.
   static constexpr bool kGroupScan = false;
+  // Variant 10 (FwdTraitsMaskBits below): partial blocks' element mask as bit words built by
+  // producer warps 1-2, one 32-bit word per key column and 32 query rows.
+  static constexpr bool kMaskBits = false;
+  static constexpr int kBuilders = 0;  // mask-builder threads (kMaskBits) arriving on K's empty barrier
   static constexpr int kRegConsumer = Bn > 128 ? 240 : 232;
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
@@ -99,6 +103,28 @@ struct FwdTraitsGroupScan : Base {
   static constexpr int kRegConsumer = Base::Bn > 128 ? 240 : 224;
 };
 
+// Variant 10 (11: over FwdTraitsGroupScan): the element mask of a partial key block is built by
+// the idle producer warps 1 and 2 ("mask builders") as bit words: word (q, c) holds bit k for query
+// row ms + 32 q + k of key column c (columns >= Sk: every row). The TMA warp posts each key block
+// it loads (block, partial flag, (b, hm), first query row) as a job in the stage's slot; the
+// builders read the bounds from global memory, write the words of partial blocks into the stage's
+// slot and arrive on bits_full (every block, so its phase follows the K pipeline's) and on the K
+// stage's empty barrier (so the TMA warp posts the stage's next job only after they are done with
+// this one, and they never lag more than one phase). A consumer thread then needs one LDS.64 per
+// column pair and a LOP3 + FSEL per element. Derived storage: the other kernels keep their layout.
+template <class Base>
+struct FwdTraitsMaskBits : Base {
+  static constexpr bool kMaskBits = true;
+  static constexpr int kBuilders = 64;  // threads 32..95 of the producer warpgroup
+  static_assert(Base::Bm % 32 == 0, "bit words cover 32 query rows");
+  struct SharedStorage : Base::SharedStorage {
+    alignas(16) uint32_t bits[Base::Stages][Base::Bm / 32][Base::Bn];
+    alignas(16) int4 job[Base::Stages];  // {key block (-1: no more), partial, b * Hm + hm, ms}
+    alignas(8) uint64_t job_full[Base::Stages];   // job posted (TMA warp, 1 arrival)
+    alignas(8) uint64_t bits_full[Base::Stages];  // words of the job written (kBuilders arrivals)
+  };
+};
+
 struct KArgs {
   void* o;
   float* lse;
@@ -126,6 +152,21 @@ __device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, u
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
       ::"r"(d), "l"(gmem_src), "r"(bytes), "r"(m)
       : "memory");
+}
+
+// Bits k in [0, 32) of query rows rb + k inside the cyclic interval of length len (< 2^31) that
+// starts at lo: (unsigned)(rb + k - lo) < len, the consumers' element test, exact for every int32
+// lo / rb (the interval may wrap through 2^32). d = rb - lo (mod 2^32): for d < len the rows from k = 0
+// on up to k < len - d; else the interval may start inside the word at k = lo - rb (mod 2^32).
+__device__ __forceinline__ uint32_t fwd_row_bits(int lo, uint32_t len, int rb) {
+  const uint32_t d = (uint32_t)rb - (uint32_t)lo;
+  const uint32_t w0 = min(d < len ? len - d : 0u, 32u);
+  // operands clamped here to [0, 32], where bmsk.clamp is bits [pos, min(pos + width, 32))
+  const uint32_t s = min(0u - d, 32u), w1 = min(len, 32u);
+  uint32_t a, b;
+  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(a) : "r"(0u), "r"(w0));
+  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(b) : "r"(s), "r"(w1));
+  return a | b;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -342,7 +383,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   pp.num_consumers = 128 * NWG;
   pp.transaction_bytes = Bn * D * sizeof(Elem);
   pp.initializing_warp = 0;
+  pp.num_consumers = 128 * NWG + T::kBuilders;  // kMaskBits: the mask builders release K stages too
   Pipeline pipe_k(ss.pipe_k, pp, Shape<_1, _1, _1>{});
+  pp.num_consumers = 128 * NWG;
   pp.initializing_warp = 1;
   Pipeline pipe_v(ss.pipe_v, pp, Shape<_1, _1, _1>{});
   if (threadIdx.x == 0) {
@@ -351,6 +394,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Barrier::init(&ss.q_full[s], 1);
       EmptyBarrier::init(&ss.q_empty[s], 128 * NWG);
       EmptyBarrier::init(&ss.sched[s], 1);
+    }
+    if constexpr (T::kMaskBits) {
+      CUTE_UNROLL
+      for (int s = 0; s < T::Stages; ++s) {
+        EmptyBarrier::init(&ss.job_full[s], 1);
+        EmptyBarrier::init(&ss.bits_full[s], T::kBuilders);
+      }
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -423,12 +473,70 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                 bulk_g2s(&ss.bnd[wr.index()][vv][0], bnd + (int64_t)vv * a.Sk + n * Bn, bytes, bar);
             }
             copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
+            if constexpr (T::kMaskBits) {  // the block's job for the mask builders
+              ss.job[wr.index()] = make_int4(n, partial ? 1 : 0, b * a.Hm + hm, ms);
+              asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
+              EmptyBarrier::arrive(&ss.job_full[wr.index()]);
+            }
             pipe_v.producer_acquire(wr);
             copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
           }
           ++wr;
         }
         t = __shfl_sync(0xffffffffu, t_next, 0);
+      }
+      if constexpr (T::kMaskBits) {
+        // no more blocks: the builders' last job (in the next stage, once they and the consumers
+        // are done with its previous one)
+        if (lane == 0) {
+          EmptyBarrier::wait(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[wr.index()]),
+                             wr.phase());
+          ss.job[wr.index()] = make_int4(-1, 0, 0, 0);
+          asm volatile("" ::: "memory");
+          EmptyBarrier::arrive(&ss.job_full[wr.index()]);
+        }
+      }
+    }
+    if constexpr (T::kMaskBits) {
+      if (warp == 1 || warp == 2) {
+        // ---- mask builders: bit words of each partial block (see FwdTraitsMaskBits) ----
+        const int bt = threadIdx.x - 32;  // 0 .. kBuilders - 1
+        cutlass::PipelineState<T::Stages> js;
+        for (;;) {
+          const int s = js.index();
+          EmptyBarrier::wait(&ss.job_full[s], js.phase());
+          asm volatile("" ::: "memory");  // no smem read above the wait
+          const int4 job = ss.job[s];
+          if (job.x < 0) break;
+          if (job.y != 0) {
+            const int32_t* bnd = a.bounds + (int64_t)job.z * 4 * (int64_t)a.Sk;
+            CUTE_UNROLL
+            for (int c = bt; c < Bn; c += T::kBuilders) {
+              const int col = job.x * Bn + c;
+              // the consumers' test: (unsigned)(r - LTS) < max(LTE - LTS, 0) or the same with UTS,
+              // UTE; a column >= Sk masks every row (the interval [0, 2^31 - 1))
+              int lts = 0, uts = 0;
+              uint32_t ll = 0x7fffffffu, ul = 0u;
+              if (col < a.Sk) {
+                lts = __ldg(bnd + col);
+                const int lte = __ldg(bnd + a.Sk + col);
+                uts = __ldg(bnd + 2 * (int64_t)a.Sk + col);
+                const int ute = __ldg(bnd + 3 * (int64_t)a.Sk + col);
+                ll = (uint32_t)max((int)((uint32_t)lte - (uint32_t)lts), 0);
+                ul = (uint32_t)max((int)((uint32_t)ute - (uint32_t)uts), 0);
+              }
+              CUTE_UNROLL
+              for (int q = 0; q < Bm / 32; ++q) {
+                const int rb = job.w + 32 * q;
+                ss.bits[s][q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
+              }
+            }
+          }
+          asm volatile("" ::: "memory");  // the words are stored before the arrivals
+          EmptyBarrier::arrive(&ss.bits_full[s]);
+          EmptyBarrier::arrive(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[s]));
+          ++js;
+        }
       }
     }
   } else {
@@ -454,6 +562,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // bounds rows start at multiples of Sk: int2 loads are aligned iff Sk is even
     const bool sk_even = (a.Sk % 2) == 0;
     const bool smem_bnd = a.smem_bounds != 0;
+    // kMaskBits: this thread's rows are bits b and b + 8 of word 2 * cwg + (warp % 4) / 2
+    const uint32_t mbit0 = 1u << (16 * ((warp % 4) & 1) + lane / 4);
 
     cutlass::PipelineState<T::Stages> rd;
     // Tile-boundary overlap (variant 6, overlap kernels only): at the end of tile `it` the consumer
@@ -587,9 +697,46 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           tOrP(e + 1) = static_cast<Elem>(tSrS(e + 1));
         }
       };
+      // kMaskBits: the mask from the builders' bit words (one LDS.64 per column pair, a bit test
+      // per element); the same -inf / score selection as apply_mask.
+      auto apply_bits = [&](int stage) {
+        if constexpr (T::kMaskBits) {
+          const uint32_t* wb = &ss.bits[stage][2 * cwg + (warp % 4) / 2][colq];
+          CUTE_UNROLL
+          for (int kk = 0; kk < Bn / 8; ++kk) {
+            const uint2 w = *reinterpret_cast<const uint2*>(wb + 8 * kk);
+            CUTE_UNROLL
+            for (int j = 0; j < 2; ++j) {
+              CUTE_UNROLL
+              for (int i = 0; i < 2; ++i) {
+                const bool masked = ((j ? w.y : w.x) & (mbit0 << (8 * i))) != 0u;
+                float& sv = tSrS(4 * kk + 2 * i + j);
+                sv = masked ? -INFINITY : sv;
+              }
+            }
+          }
+        }
+      };
+      // kMaskBits: wait until the builders published the words of a partial block. Called before
+      // an aligned wgmma instruction (the issue or the wait of the block's QK^T GEMM): with the
+      // wait after it, ptxas dropped its proof that the block walk is warp-uniform (VOTE instead of
+      // VOTEU, BRA.DIV before every shuffle, the GEMM descriptors through vector registers).
+      auto wait_bits = [&](bool partial, cutlass::PipelineState<T::Stages> st) {
+        if constexpr (T::kMaskBits) {
+          if (partial) EmptyBarrier::wait(&ss.bits_full[st.index()], st.phase());
+          asm volatile("" ::: "memory");  // the words are read after the wait
+        }
+      };
       // A partial block's staged bounds live in its K stage: release K only after the mask.
       auto mask_and_release_k = [&](bool partial, int n, cutlass::PipelineState<T::Stages> st) {
-        if (partial && smem_bnd) {
+        if constexpr (T::kMaskBits) {
+          // the words live in the stage's slot until K's release lets the builders reuse it
+          // (bits_full was waited for in wait_bits)
+          (void)n;
+          if (partial) apply_bits(st.index());
+          asm volatile("" ::: "memory");  // the words are read before the release
+          pipe_k.consumer_release(st);
+        } else if (partial && smem_bnd) {
           apply_mask(cute::true_type{}, n, st.index());
           pipe_k.consumer_release(st);
         } else {
@@ -610,6 +757,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
           pipe_k.consumer_wait(rd);
+          wait_bits(partial, rd);
           wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           mask_and_release_k(partial, n, rd);
           float corr[2];
@@ -636,6 +784,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           } else {
             n = blocks.next(partial, a.group_meta);
             pipe_k.consumer_wait(rd);
+            wait_bits(partial, rd);
             wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           }
           if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
@@ -665,6 +814,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (cwg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
             else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
           }
+          wait_bits(partial, rd);
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
           if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
@@ -712,6 +862,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             pend_n = blocks_nxt.next(pend_partial, a.group_meta);
             Barrier::wait(&ss.q_full[nslot], nphase);
             pipe_k.consumer_wait(rdn);
+            wait_bits(pend_partial, rdn);
             wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
                                         tSrS);
             pend = true;
@@ -766,11 +917,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 }
 
 // GroupScan: variant 7's kernel (FwdTraitsGroupScan; fwd_dispatch.cu passes p.variant = 7, which
-// launches like 3: persistent grid, bounds staged in smem).
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan>
+// launches like 3: persistent grid, bounds staged in smem). MaskBits: variant 10's (11's with
+// GroupScan) kernel, FwdTraitsMaskBits (persistent grid; no bounds staged: the mask builders read
+// them from global memory, any Sk).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
-  using T = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>, Base>;
+  using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>, Base>;
+  using T = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
@@ -785,7 +939,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // global memory by the consumers (2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7;
+  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
+  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7 ||
+                          p.variant == 10 || p.variant == 11;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -840,7 +996,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7) &&
+  a.smem_bounds = !MaskBits && (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7) &&
                   p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;

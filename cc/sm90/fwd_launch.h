@@ -4,7 +4,9 @@
 #include "params.h"
 
 namespace jfm::sm90 {
-// GroupScan: the two-level key-block walk (variant 7; false = every other variant).
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan = false>
+// GroupScan: the two-level key-block walk (variants 7, 11); MaskBits: the partial blocks' element
+// mask as bit words built by producer warps (variants 10, 11).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan = false,
+          bool MaskBits = false>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err);
 }  // namespace jfm::sm90

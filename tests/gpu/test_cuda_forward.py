@@ -68,6 +68,9 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 # two-level key-block walk (groups of 32 blocks; its group level only from 3 groups on, i.e. Sk > 8K
 # at d = 64/128: the small cases here run it with the level off; test_group_scan_bit_identical
 # runs it on).
+# Variants 10 / 11 (3 / 7 with the partial blocks' mask as bit words) are not in TESTED_VARIANTS:
+# select them with JFM_TEST_VARIANTS="3,10,11"; test_mask_bits_bit_identical always runs them
+# against 3 (and test_group_scan_bit_identical 11 with the group level on).
 # JFM_TEST_VARIANTS="3,6" overrides the list (the device script runs new variants in a separate,
 # time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
@@ -226,7 +229,7 @@ def test_sm_margin_identical(d):
     q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, 2, S, S)):
         b = jnp.asarray(b)
-        for var in sorted(v for v in ({3, 5, 6, 7} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
+        for var in sorted(v for v in ({3, 5, 6, 7, 10, 11} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
             ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
             ro = np.asarray(ro.astype(jnp.float32))
             rl = np.asarray(rl)
@@ -289,14 +292,18 @@ def test_group_scan_bit_identical(d):
     cases = [(f"{name} S={S}", bb, scale) for name, bb in _suite(S, seed).items()
              for scale in (d ** -0.5,)]
     cases.append(("random S=%d large logits" % S, random_bounds(rng, 1, 1, S, S), 40.0 / d ** 0.5))
+    # variant 11 (7 with variant 10's bit-word mask) where compiled: the same comparisons
+    others = [v7] + [v for v in (getattr(_cuda, "MASK_BITS_GS_VARIANT", None),)
+                     if v is not None and _supported(v, jnp.bfloat16, d)]
     for label, bb, scale in cases:
         bb = jnp.asarray(bb)
         o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
-        o7, l7 = _cuda.forward(q, k, v, bb, scale=scale, variant=v7)
-        msg = f"seed={seed} {label} d={d}"
-        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
-                                      err_msg=msg)
-        np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
+        for var in others:
+            o7, l7 = _cuda.forward(q, k, v, bb, scale=scale, variant=var)
+            msg = f"seed={seed} {label} d={d} variant={var}"
+            np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
+                                          err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
     # more than 32 groups (1094 key blocks), both dtypes
     Sq = 384
     Sk = 140004 if d < 256 else 70004  # not a multiple of the key block: ragged last block
@@ -307,12 +314,13 @@ def test_group_scan_bit_identical(d):
     for dtype in (jnp.bfloat16, jnp.float16):
         q, k, v = _inputs(rng, 1, Sq, Sk, 2, 1, d, dtype)
         o3, l3 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=3)
-        o7, l7 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=v7)
-        msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d} dtype={dtype.__name__}"
         o3 = np.asarray(o3.astype(jnp.float32))
         l3 = np.asarray(l3)
-        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), o3, err_msg=msg)
-        np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
+        for var in others:
+            o7, l7 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var)
+            msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d} dtype={dtype.__name__} variant={var}"
+            np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), o3, err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
         assert np.all(l3[0, 256:] == -np.inf) and np.all(o3[0, 256:] == 0.0), msg  # the empty tile
         assert np.all(np.isfinite(l3[0, :200])), msg
 
@@ -344,3 +352,66 @@ def test_group_scan_bit_identical_benchmark_masks(S):
         np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
                                       err_msg=msg)
         np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
+
+
+def _extreme_bounds(rng, B, Hm, Sk):
+    """Bounds anywhere in int32 (INT_MIN / INT_MAX, reversed and wrapping intervals), half of the
+    columns, the rest small: the element test wraps modulo 2^32 and variant 10's bit words must
+    reproduce it exactly."""
+    big = rng.integers(-(2 ** 31), 2 ** 31, (B, Hm, 4, Sk))
+    ends = rng.choice(np.array([-(2 ** 31), 2 ** 31 - 1, 0, -1]), (B, Hm, 4, Sk))
+    small = rng.integers(-64, 700, (B, Hm, 4, Sk))
+    sel = rng.integers(0, 3, (B, Hm, 4, Sk))
+    return np.choose(sel, [big, ends, small]).astype(np.int32)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_mask_bits_bit_identical(d):
+    """Variant 10 (variant 3 with the element mask of partial key blocks as bit words built by the
+    producer's mask builders) selects -inf or the score for exactly the elements variant 3 does, so
+    outputs and LSE are equal bit for bit: the 12 mask families (random_eviction: most blocks
+    partial) at S = 1500 (ragged last query tile and key block), GQA 8 / 2 with a mask head per query
+    head, Sq != Sk with Sk % 4 != 0 (variant 3 then reads the bounds from global memory) and
+    Sk % 4 == 0 (smem-staged), fully masked rows / query tiles, large logits, bounds anywhere in
+    int32, both dtypes, and a persistent grid that loops (many tiles per CTA, both K stages reused
+    across tiles)."""
+    news = [v for v in (getattr(_cuda, "MASK_BITS_VARIANT", None), getattr(_cuda, "MASK_BITS_GS_VARIANT", None))
+            if v is not None and _supported(v, jnp.bfloat16, d)]
+    if not news:
+        pytest.skip(f"forward variants 10 / 11 (bit-word mask) not compiled for d={d}")
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+
+    def same(q, k, v, bb, scale, label):
+        bb = jnp.asarray(bb)
+        o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
+        o3 = np.asarray(o3.astype(jnp.float32))
+        l3 = np.asarray(l3)
+        for var in news:
+            o, l = _cuda.forward(q, k, v, bb, scale=scale, variant=var)
+            msg = f"seed={seed} {label} d={d} dtype={q.dtype} variant={var}"
+            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), o3, err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l), l3, err_msg=msg)
+        return o3, l3
+
+    S = 1500
+    q, k, v = _inputs(rng, 1, S, S, 8, 2, d, jnp.bfloat16)
+    for name, bb in _suite(S, seed).items():
+        same(q, k, v, bb, d ** -0.5, f"{name} S={S}")
+    # a mask head per query head (GQA 8 / 2), random bounds, large logits
+    same(q, k, v, random_bounds(rng, 1, 8, S, S), 40.0 / d ** 0.5, "random Hm=8 large logits")
+    same(q, k, v, _extreme_bounds(rng, 1, 2, S), d ** -0.5, "int32 extremes Hm=2")
+    for dtype in (jnp.bfloat16, jnp.float16):
+        for Sq, Sk in ((700, 1111), (333, 1108), (1025, 260), (130, 3)):
+            q, k, v = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
+            bb = random_bounds(rng, 2, 2, Sq, Sk)
+            bb[:, :, 0, : Sk // 2] = 0  # rows [0, Sq) of the first half of the columns masked ...
+            bb[:, :, 1, : Sk // 2] = Sq
+            bb[1, :, 0, Sk // 2:] = 0  # ... and of every column in batch 1: fully masked rows
+            bb[1, :, 1, Sk // 2:] = Sq // 3
+            o3, l3 = same(q, k, v, bb, d ** -0.5, f"Sq={Sq} Sk={Sk}")
+            assert np.all(l3[1, : Sq // 3] == -np.inf) and np.all(o3[1, : Sq // 3] == 0.0)
+            same(q, k, v, _extreme_bounds(rng, 2, 1, Sk), d ** -0.5, f"int32 extremes Sq={Sq} Sk={Sk}")
+    # many tiles per CTA (B * N * ceil(Sq / 128) = 4 * 8 * 20 = 640 tiles on <= 132 CTAs)
+    q, k, v = _inputs(rng, 4, 2500, 2500, 8, 8, d, jnp.bfloat16)
+    same(q, k, v, _suite(2500, seed, 4)["random_eviction"], d ** -0.5, "random_eviction B=4 S=2500")
