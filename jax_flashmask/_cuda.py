@@ -55,18 +55,19 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
-# Default by key length (H200 2026-12-01, s5 run 1, d = 128, v3 -> v7 TFLOP/s): at 128K the group
-# walk wins (full 591 -> 599, sliding_window 519 -> 555, causal_document 520 -> 553,
-# share_question 349 -> 563; prefix_lm_document 506 -> 463 the exception); at 32K it is a wash
-# (sliding_window 513 -> 452, share_question 390 -> 440, the rest within +-5 %), so 3 below
-# LONG_KEYS keys.
+# Default by key length: variant 7 (the group walk) from LONG_KEYS keys on. H200 2026-12-01, d = 128,
+# bit-identical to 3, v3 -> v7 in one interleaved run (`--variants 3 7 3 7`, s5 runs 6-7, with the
+# walk's merged first step): 128K sliding_window 538 -> 578, causal_document 526 -> 568,
+# share_question 441 -> 541, prefix_lm_document 531 -> 568, full 616 -> 616; 32K sliding_window
+# 483 -> 529, causal_document 485 -> 515, share_question 376 -> 431, prefix_lm_document 484 -> 509,
+# causal 589 -> 606, full 608 -> 612, document 541 -> 532, random_eviction 462 -> 449 TFLOP/s.
 GROUP_SCAN_VARIANT = 7
 MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_identical)
 MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
 GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT)  # workspace: + group metadata
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT)
 DEFAULT_VARIANT = 3
-LONG_KEYS = 65536  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
+LONG_KEYS = 32768  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 
 _lock = threading.Lock()

@@ -292,7 +292,7 @@ def test_cuda_kernel_variant_resolution():
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3
-    assert _cuda.resolve_variant(None, 32768) == 3 and _cuda.resolve_variant(None, 65536) == 7
+    assert _cuda.resolve_variant(None, 16384) == 3 and _cuda.resolve_variant(None, 32768) == 7
     assert _cuda.resolve_variant(3, 131072) == 3
     assert _cuda.resolve_variant(6) == 6
     assert _cuda.resolve_variant(7) == 7  # the two-level block walk (the number of a removed one reused)

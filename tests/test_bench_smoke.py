@@ -307,3 +307,19 @@ def test_gscan_walk_check():
     walk = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(walk)
     assert walk.check(rand_cases=40, seqs=(4096,)) == 0
+
+
+def test_dev_table(tmp_path):
+    """benchmarks/dev_table.py: one row per (S, d, mask), one column per implementation, repeated
+    samples of one implementation joined in order, '–' where an implementation has no row."""
+    spec = importlib.util.spec_from_file_location("dev_table", ROOT / "benchmarks" / "dev_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [dict(impl="a", S=8, d=64, mask="full", tflops_fm=1.4), dict(impl="b", S=8, d=64, mask="full", tflops_fm=2.0),
+            dict(impl="a", S=8, d=64, mask="full", tflops_fm=3.0), dict(impl="a", S=8, d=64, mask="causal", tflops_fm=5.0)]
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(dict(device="cpu", rows=rows)))
+    lines = mod.table(p).splitlines()
+    assert lines[2] == "| S | d | mask | a | b |"
+    assert lines[4] == "| 8 | 64 | full | 1 / 3 | 2 |"
+    assert lines[5] == "| 8 | 64 | causal | 5 | – |"

@@ -1,0 +1,41 @@
+"""Markdown tables of the JSON files kernel_timing.py / bwd_timing.py write (no GPU needed).
+
+    python benchmarks/dev_table.py benchmarks/results/fwd_dev_*.json > table.md
+
+One table per file: a row per (S, d, mask), a column per implementation, TFLOP/s in the FlashMask
+convention; an implementation timed more than once in a run (e.g. ``--variants 3 7 3 7``) shows
+every sample, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def table(path: Path) -> str:
+    rows = json.loads(path.read_text())["rows"]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    cells: dict = {}
+    for r in rows:
+        key = (r.get("S"), r.get("d"), r["mask"])
+        cells.setdefault(key, {}).setdefault(r["impl"], []).append(r["tflops_fm"])
+    out = [f"### {path.name}", "", "| S | d | mask | " + " | ".join(impls) + " |",
+           "|---|---|---|" + "---:|" * len(impls)]
+    for (S, d, mask), by_impl in cells.items():
+        vals = [" / ".join(f"{t:.0f}" for t in by_impl.get(i, [])) or "–" for i in impls]
+        out.append(f"| {S} | {d} | {mask} | " + " | ".join(vals) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    print("\n".join(table(Path(p)) for p in argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
