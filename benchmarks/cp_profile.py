@@ -16,7 +16,8 @@ same process into a compact summary, per program, per device, per step:
 - each communication kernel: op, start, duration, overlap with our kernels, and the launch-to-start
   delay where the trace correlates it with its host-side launch;
 - the main ops in time order (ops >= ``--min-op-ms`` plus idle gaps), and a critical path walked
-  back from the last kernel (each step: the op that ended last before this one started).
+  back from the last kernel (each step: the op that ended last before this one started); idle gaps
+  are listed from ``--min-op-ms`` / 5.
 
 Programs (``--programs``): ``cp`` (the real CP program), ``one`` (single-device attention on device
 0, the baseline), ``compute`` (cp with every collective replaced by a local stand-in: cp_bench's
@@ -436,7 +437,7 @@ def analyse_step(evs, host_ms=None, min_op_ms=0.05):
                        kernel=e["kernel"], stream=e["line"],
                        overlap_ms=round(overlap_with(e["t0"], e["t1"], other) * ms, 4)))
     for (a0, a1), (b0, b1) in zip(u_all, u_all[1:]):
-        if (b0 - a1) * ms >= min_op_ms:
+        if (b0 - a1) * ms >= min_op_ms / 5:  # idle gaps from 10 us (default)
             tl.append(dict(t_ms=round((a1 - t_start) * ms, 4), ms=round((b0 - a1) * ms, 4), cls="idle", op="(idle)",
                            kernel="", stream="", overlap_ms=0.0))
     tl.sort(key=lambda x: x["t_ms"])
@@ -445,10 +446,12 @@ def analyse_step(evs, host_ms=None, min_op_ms=0.05):
     # critical path, consecutive ops of one class on one stream merged
     cpath, segs = critical_path(evs), []
     cp_class = {}
-    for e, gap in cpath:
-        d = (e["t1"] - e["t0"]) * ms
+    for e, gap in cpath:  # gap: idle time on the path just before e
+        d, gap = (e["t1"] - e["t0"]) * ms, gap * ms
         cp_class[e["cls"]] = cp_class.get(e["cls"], 0.0) + d
-        if segs and segs[-1]["cls"] == e["cls"] and segs[-1]["stream"] == e["line"] and segs[-1]["gap_after_ms"] < 1e-3:
+        if segs:
+            segs[-1]["gap_after_ms"] = gap
+        if segs and segs[-1]["cls"] == e["cls"] and segs[-1]["stream"] == e["line"] and gap < 1e-3:
             s = segs[-1]
             s["ms"] += d
             s["n"] += 1
@@ -456,7 +459,6 @@ def analyse_step(evs, host_ms=None, min_op_ms=0.05):
         else:
             segs.append(dict(t_ms=(e["t0"] - t_start) * ms, cls=e["cls"], stream=e["line"], first=_label(e),
                              last=_label(e), n=1, ms=d, gap_after_ms=0.0))
-        segs[-1]["gap_after_ms"] = gap * ms
     r["critical_path"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()} for s in segs]
     r["critical_path_ms_by_class"] = cp_class
     r["critical_path_gaps_ms"] = sum(g for _, g in cpath) * ms
