@@ -469,8 +469,10 @@ SCALARS = ("host_ms", "span_ms", "busy_ms", "idle_ms", "compute_busy_ms", "ours_
            "comm_overlap_ours_ms", "comm_overlap_compute_ms", "comm_alone_ms", "critical_path_gaps_ms")
 
 
-def summarize(trace_dir, min_op_ms=0.05, skip_steps=0):
+def summarize(trace_dir, min_op_ms=0.05, skip_steps=0, platform=None):
     devices, steps, launches, found = load_events(trace_dir)
+    if platform == "gpu" and found["mode"] != "gpu":
+        raise RuntimeError(f"no GPU device planes in the trace (CUPTI not loaded?); planes {found['planes']}")
     for evs in devices.values():
         for e in evs:
             if e["corr"] is not None and e["corr"] in launches:
@@ -520,6 +522,50 @@ def _f(x, spec="{:.3f}"):
     return "–" if x is None else spec.format(x)
 
 
+def derived(progs):
+    """The differences that answer 'where do the exposed communication and the compute overhead go'."""
+    def mean(p, dev):
+        return (((progs.get(p) or {}).get("summary") or {}).get("devices") or {}).get(dev, {}).get("mean")
+
+    def cls(mm, *cs):
+        return sum(mm["by_class"].get(c, {}).get("ms", 0.0) for c in cs) if mm else None
+
+    cp_devs = sorted((((progs.get("cp") or {}).get("summary") or {}).get("devices") or {}))
+    one = mean("one", cp_devs[0] if cp_devs else "")
+    if not cp_devs:
+        return []
+    P = len(cp_devs)
+    rows = []
+
+    def row(label, fn):
+        vals = []
+        for dev in cp_devs:
+            try:
+                v = fn(dev)
+            except (TypeError, KeyError):
+                v = None
+            vals.append(_f(v))
+        rows.append(f"| {label} | " + " | ".join(vals) + " |")
+
+    c, k, m = (lambda d: mean("cp", d)), (lambda d: mean("compute", d)), (lambda d: mean("comm", d))
+    row("cp span − compute-alone span (exposed comm + interference)", lambda d: c(d)["span_ms"] - k(d)["span_ms"])
+    row("cp comm kernels running alone (exposed on this GPU)", lambda d: c(d)["comm_alone_ms"])
+    row("cp idle − compute-alone idle (waits: transfers, host, syncs)", lambda d: c(d)["idle_ms"] - k(d)["idle_ms"])
+    row("cp our kernels − compute-alone our kernels (slowdown beside NCCL)",
+        lambda d: cls(c(d), *OURS) - cls(k(d), *OURS))
+    row("cp comm kernels − comm-alone comm kernels (NCCL slowdown beside attention)",
+        lambda d: cls(c(d), "comm") - cls(m(d), "comm"))
+    row(f"compute-alone our kernels − one-GPU our kernels / {P} (split overhead of the kernels)",
+        lambda d: cls(k(d), *OURS) - cls(one, *OURS) / P)
+    row(f"compute-alone xla+memcpy+memset − one-GPU's / {P} (merge, slicing, copies)",
+        lambda d: cls(k(d), "xla", "memcpy", "memset") - cls(one, "xla", "memcpy", "memset") / P)
+    row(f"compute-alone span − one-GPU span / {P}", lambda d: k(d)["span_ms"] - one["span_ms"] / P)
+    row("cp comm kernels beside our kernels / all comm kernel time",
+        lambda d: c(d)["comm_overlap_ours_ms"] / c(d)["comm_busy_ms"])
+    return ["## Derived (ms per step unless a ratio; means over traced steps)", "",
+            "| figure | " + " | ".join(cp_devs) + " |", "|---|" + "---:|" * len(cp_devs)] + rows + [""]
+
+
 def render(env, progs):
     out = [f"# CP profile, {env.get('devices')}", "",
            "Per device, mean over the traced steps, ms per step. `comm` = NCCL kernels (GPU) / collective "
@@ -548,6 +594,7 @@ def render(env, progs):
                 out.append(f"| critical path: {c} | " + " | ".join(
                     _f(m.get("critical_path_ms_by_class", {}).get(c)) for _, _, m in cols) + " |")
         out.append("")
+    out += derived(progs)
     for p, s in progs.items():
         out += [f"## Program `{p}`", ""]
         for k in ("untraced_ms", "traced_host_ms", "error", "parse_error", "trace_files"):
@@ -702,7 +749,10 @@ def main():
         return ((f, (qp, kp, vp, ind_r, plan_j)) if a.fwd_only else (b, (qp, kp, vp, ind_r, plan_j, gp))), ctx
 
     opts = jax.profiler.ProfileOptions()
-    opts.python_tracer_level = 0  # no Python frames: small traces
+    try:
+        opts.python_tracer_level = 0  # no Python frames: small traces
+    except Exception:  # noqa: BLE001
+        pass
     for name in a.programs.split(","):
         if a.time_limit_s and time.time() - t_start > a.time_limit_s:
             progs[name] = dict(error=f"skipped: time limit {a.time_limit_s} s")
@@ -740,7 +790,7 @@ def main():
         rec["wall_s"] = time.time() - t0
         if "trace_files" in rec:
             try:
-                rec["summary"] = summarize(trace_root / name, a.min_op_ms)
+                rec["summary"] = summarize(trace_root / name, a.min_op_ms, platform=dev0.platform)
             except Exception as e:  # noqa: BLE001  (the raw traces still go into the archive)
                 rec["parse_error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 traceback.print_exc()
