@@ -418,11 +418,17 @@ def analyse_step(evs, host_ms=None, min_op_ms=0.05):
     r["ops"] = dict(sorted(ops.items(), key=lambda kv: -kv[1]["ms"])[:25])
     # each communication kernel, with what ran beside it
     comm = []
+    ours_evs = [e for e in evs if e["cls"] in OURS]
     for e in sorted((e for e in evs if e["cls"] == "comm"), key=lambda e: e["t0"]):
+        # a transfer whose start sits right at the end of one of our kernels may have waited for SMs
+        ends = [o["t1"] for o in ours_evs if o["t1"] <= e["t0"] + 1000.0]
+        at_start = [_label(o) for o in ours_evs if o["t0"] < e["t0"] < o["t1"]]
         comm.append(dict(op=_label(e), kernel=e["kernel"], t_ms=(e["t0"] - t_start) * ms,
                          ms=(e["t1"] - e["t0"]) * ms, with_ours_ms=overlap_with(e["t0"], e["t1"], u_ours) * ms,
                          with_compute_ms=overlap_with(e["t0"], e["t1"], u_comp) * ms,
-                         launch_to_start_ms=e.get("launch_delay_ms")))
+                         launch_to_start_ms=e.get("launch_delay_ms"),
+                         ours_running_at_start=at_start[0] if at_start else None,
+                         since_last_ours_end_ms=(e["t0"] - max(ends)) * ms if ends else None))
     r["comm_kernels"] = comm
     # main ops in time order, with idle gaps
     tl, small_n, small_ms = [], 0, 0.0
@@ -542,7 +548,7 @@ def derived(progs):
         for dev in cp_devs:
             try:
                 v = fn(dev)
-            except (TypeError, KeyError):
+            except (TypeError, KeyError, ZeroDivisionError):
                 v = None
             vals.append(_f(v))
         rows.append(f"| {label} | " + " | ".join(vals) + " |")
@@ -607,7 +613,10 @@ def render(env, progs):
         fd = summ["found"]
         out += [f"- trace: {fd.get('source')} ({fd.get('mode')}), host steps {fd.get('host_steps')}, host launch "
                 f"events {fd.get('host_launch_events')}, stat keys {fd.get('stat_keys')}",
-                f"- kernel names by class: {json.dumps(fd.get('kernel_names_by_class'))[:1500]}", ""]
+                f"- kernel names by class: {json.dumps(fd.get('kernel_names_by_class'))[:1500]}",
+                f"- kernel details (grid, block, registers, smem; ours / comm / copies): "
+                f"{json.dumps(fd.get('kernel_details'))[:2000]}",
+                f"- steps split by: {fd.get('step_split')}", ""]
         for dev, d in summ["devices"].items():
             m = d["median_step"]
             out += [f"### {p} {dev} (median step {m['step']}: span {m['span_ms']:.3f} ms, busy {m['busy_ms']:.3f}, "
@@ -616,10 +625,11 @@ def render(env, progs):
                     "| kernel | class | ms | n |", "|---|---|---:|---:|"]
             out += [f"| `{k}` | {v['cls']} | {v['ms']:.3f} | {v['n']} |" for k, v in list(m["kernels"].items())[:15]]
             if m["comm_kernels"]:
-                out += ["", "| comm op | start ms | ms | beside ours ms | beside compute ms | launch→start ms |",
-                        "|---|---:|---:|---:|---:|---:|"]
+                out += ["", "| comm op | start ms | ms | beside ours ms | beside compute ms | launch→start ms | "
+                        "ours running at start | since last ours end ms |", "|---|---:|---:|---:|---:|---:|---|---:|"]
                 out += [f"| {c['op']} | {c['t_ms']:.3f} | {c['ms']:.3f} | {c['with_ours_ms']:.3f} | "
-                        f"{c['with_compute_ms']:.3f} | {_f(c['launch_to_start_ms'])} |" for c in m["comm_kernels"]]
+                        f"{c['with_compute_ms']:.3f} | {_f(c['launch_to_start_ms'])} | {c['ours_running_at_start'] or '–'} | "
+                        f"{_f(c['since_last_ours_end_ms'])} |" for c in m["comm_kernels"]]
             out += ["", f"Critical path (gaps {m['critical_path_gaps_ms']:.3f} ms):", "",
                     "| start ms | class | stream | ops | n | ms | gap after |", "|---:|---|---|---|---:|---:|---:|"]
             out += [f"| {c['t_ms']:.3f} | {c['cls']} | {c['stream'][:24]} | {c['first']}"

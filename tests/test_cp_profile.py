@@ -88,6 +88,7 @@ def test_summary_of_gpu_shaped_trace(tmp_path):
     c = med["comm_kernels"][0]
     assert c["op"] == "collective-permute-start" and c["t_ms"] == approx(0.05)
     assert c["with_ours_ms"] == approx(0.25) and c["launch_to_start_ms"] == approx(0.03)
+    assert c["ours_running_at_start"] == "ffi_call.52" and c["since_last_ours_end_ms"] is None
     # critical path: the transfer, the idle gap, the fusion waiting on it, then the backward
     assert [x["cls"] for x in med["critical_path"]] == ["comm", "xla", "bwd"]
     assert med["critical_path"][0]["gap_after_ms"] == approx(0.02)
