@@ -449,22 +449,23 @@ def analyse_step(evs, host_ms=None, min_op_ms=0.05):
     tl.sort(key=lambda x: x["t_ms"])
     r["timeline"] = tl
     r["timeline_omitted"] = dict(n=small_n, ms=small_ms)
-    # critical path, consecutive ops of one class on one stream merged
+    # critical path; consecutive ops of one class on one stream with gaps < min_op_ms / 5 merged
     cpath, segs = critical_path(evs), []
     cp_class = {}
     for e, gap in cpath:  # gap: idle time on the path just before e
         d, gap = (e["t1"] - e["t0"]) * ms, gap * ms
         cp_class[e["cls"]] = cp_class.get(e["cls"], 0.0) + d
-        if segs:
-            segs[-1]["gap_after_ms"] = gap
-        if segs and segs[-1]["cls"] == e["cls"] and segs[-1]["stream"] == e["line"] and gap < 1e-3:
+        if segs and segs[-1]["cls"] == e["cls"] and segs[-1]["stream"] == e["line"] and gap < min_op_ms / 5:
             s = segs[-1]
             s["ms"] += d
+            s["small_gaps_ms"] += gap
             s["n"] += 1
             s["last"] = _label(e)
         else:
+            if segs:
+                segs[-1]["gap_after_ms"] = gap
             segs.append(dict(t_ms=(e["t0"] - t_start) * ms, cls=e["cls"], stream=e["line"], first=_label(e),
-                             last=_label(e), n=1, ms=d, gap_after_ms=0.0))
+                             last=_label(e), n=1, ms=d, small_gaps_ms=0.0, gap_after_ms=0.0))
     r["critical_path"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()} for s in segs]
     r["critical_path_ms_by_class"] = cp_class
     r["critical_path_gaps_ms"] = sum(g for _, g in cpath) * ms
@@ -631,10 +632,11 @@ def render(env, progs):
                         f"{c['with_compute_ms']:.3f} | {_f(c['launch_to_start_ms'])} | {c['ours_running_at_start'] or '–'} | "
                         f"{_f(c['since_last_ours_end_ms'])} |" for c in m["comm_kernels"]]
             out += ["", f"Critical path (gaps {m['critical_path_gaps_ms']:.3f} ms):", "",
-                    "| start ms | class | stream | ops | n | ms | gap after |", "|---:|---|---|---|---:|---:|---:|"]
+                    "| start ms | class | stream | ops | n | kernel ms | small gaps ms | gap after ms |",
+                    "|---:|---|---|---|---:|---:|---:|---:|"]
             out += [f"| {c['t_ms']:.3f} | {c['cls']} | {c['stream'][:24]} | {c['first']}"
-                    f"{' … ' + c['last'] if c['n'] > 1 else ''} | {c['n']} | {c['ms']:.3f} | {c['gap_after_ms']:.3f} |"
-                    for c in m["critical_path"][:60]]
+                    f"{' … ' + c['last'] if c['n'] > 1 else ''} | {c['n']} | {c['ms']:.3f} | {c['small_gaps_ms']:.3f} | "
+                    f"{c['gap_after_ms']:.3f} |" for c in m["critical_path"][:60]]
             tl = m["timeline"]
             out += ["", f"Main ops in time order ({len(tl)}; {m['timeline_omitted']['n']} small XLA ops, "
                         f"{m['timeline_omitted']['ms']:.3f} ms, left out):", "",
