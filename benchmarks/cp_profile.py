@@ -771,6 +771,8 @@ def main():
             save()
             continue
         rec = progs.setdefault(name, {})
+        tdir = trace_root / name
+        shutil.rmtree(tdir, ignore_errors=True)  # no stale trace from an earlier run
         t0 = time.time()
         try:
             (fn, args), ctx = build(name)
@@ -784,8 +786,6 @@ def main():
                     jax.block_until_ready(fn(*args))
                     ts.append(time.perf_counter() - t)
                 rec["untraced_ms"] = float(np.median(ts)) * 1e3 if ts else None
-                tdir = trace_root / name
-                shutil.rmtree(tdir, ignore_errors=True)
                 host = []
                 with jax.profiler.trace(str(tdir), create_perfetto_trace=True, profiler_options=opts):
                     for i in range(a.steps):
@@ -794,11 +794,14 @@ def main():
                             jax.block_until_ready(fn(*args))
                         host.append((time.perf_counter() - t) * 1e3)
                 rec["traced_host_ms"] = [round(x, 3) for x in host]
-            rec["trace_files"] = {os.path.relpath(p, trace_root): os.path.getsize(p)
-                                  for p in glob.glob(str(tdir / "**" / "*"), recursive=True) if os.path.isfile(p)}
         except Exception as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
             traceback.print_exc()
+        # whatever was written, also when the call failed (e.g. the xplane before a failed JSON export)
+        files = {os.path.relpath(p, trace_root): os.path.getsize(p)
+                 for p in glob.glob(str(tdir / "**" / "*"), recursive=True) if os.path.isfile(p)}
+        if files:
+            rec["trace_files"] = files
         rec["wall_s"] = time.time() - t0
         if "trace_files" in rec:
             try:
