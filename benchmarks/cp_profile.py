@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import glob
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -56,15 +57,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS  # noqa: E402
 
-import cp_bench as cb  # noqa: E402  (the shared program builders)
 import jax_flashmask as jf  # noqa: E402
 from jax_flashmask import context_parallel as cp  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("cp_bench", REPO / "benchmarks" / "cp_bench.py")
+cb = importlib.util.module_from_spec(_spec)  # the shared program builders
+_spec.loader.exec_module(cb)
 
 STEP_NAME = "cpprof_step"
 PROGRAMS = ("cp", "one", "compute", "comm")
