@@ -112,20 +112,17 @@ def attention_off(q, k, v, ind, *, causal=False, return_residual=True, **kw):
     return o, lse
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens-per-device", default="32768,65536")
+# ---- program builders (shared with benchmarks/cp_profile.py) ---------------------------------------
+
+
+def add_program_args(ap):
+    """The options that define the programs (cp_bench.py and cp_profile.py build the same ones)."""
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=32)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--masks", default="causal_document,document")
-    ap.add_argument("--comms", default=",".join(COMMS))
     ap.add_argument("--plans", default="balanced", help="comma list of balanced, dual")
     ap.add_argument("--chunks-per-rank", type=int, default=4)
-    ap.add_argument("--no-bwd", action="store_true", help="time the forward only")
-    ap.add_argument("--no-probes", action="store_true", help="skip the compute-/comm-alone probes")
-    ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--implementation", default="cuda")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="SMs the Hopper kernels leave free on every rank (for NCCL's kernels)")
@@ -140,10 +137,86 @@ def main():
                     help="ring-pruned only: run fully masked remote pieces (no lax.cond around them)")
     ap.add_argument("--autodiff-merge", action="store_true",
                     help="ring-pruned only: differentiate the lse merge (piece_vjp=False, the old path)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def program_kwargs(a):
+    """(implementation, attention_kwargs, ring-pruned kwargs) from add_program_args' options."""
+    impl = None if a.implementation in ("", "none", "None") else a.implementation
+    cp_kwargs = {"sm_margin": a.sm_margin} if a.sm_margin else None
+    om = None
+    if a.overlap_margin:
+        om = tuple(int(x) for x in a.overlap_margin.split(","))
+        om = om[0] if len(om) == 1 else om
+    pruned_kwargs = dict(overlap_sm_margin=om, schedule_hints=a.schedule_hints,
+                         piece_vjp=not a.autodiff_merge, skip_masked=not a.no_skip_masked)
+    return impl, cp_kwargs, pruned_kwargs
+
+
+def make_inputs(S, H, K, D, dt, seed, dev):
+    """q, k, v (and the cotangent g) of one B = 1 problem of S tokens, on device dev."""
+    kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q = jax.random.normal(kq, (1, S, H, D), dt, ).astype(dt)
+    k = jax.random.normal(kk, (1, S, K, D), dt).astype(dt)
+    v = jax.random.normal(kv, (1, S, K, D), dt).astype(dt)
+    g = jax.random.normal(kg, (1, S, H, D), dt).astype(dt)
+    return tuple(jax.device_put(x, dev) for x in (q, k, v, g))
+
+
+def one_gpu_programs(mk, impl):
+    """(forward, grad of sum(out * g)) of single-device attention, jitted: args (q, k, v, ind[, g])."""
+    def one_fwd(q, k, v, ind):
+        return jf.attention(q, k, v, ind, causal=mk.causal, implementation=impl)
+
+    def one_loss(q, k, v, ind, g):
+        return jnp.sum(one_fwd(q, k, v, ind).astype(jnp.float32) * g.astype(jnp.float32))
+
+    return jax.jit(one_fwd), jax.jit(jax.grad(one_loss, argnums=(0, 1, 2)))
+
+
+def cp_plan(mk, P, m, pname):
+    """(plan, per-rank loads, chunks each rank needs) of plan `pname` for P ranks x m chunks."""
+    work = cp.chunk_workloads(mk, P * m)
+    plans = {"balanced": lambda: cp.balanced_plan(work, P).plan, "dual": lambda: cp.dual_chunk_plan(P, P * m)}
+    plan = np.asarray(plans[pname](), np.int32)
+    return plan, cp.plan_loads(plan, work), cp.needed_chunks(mk, plan)
+
+
+def cp_schedule(comm, P, m, plan, need):
+    """The static schedule of a ``-pruned`` comm mode (None for the others)."""
+    return cp.make_schedule(P, m, "ring", plan=plan, needed=need) if comm.endswith("-pruned") else None
+
+
+def cp_programs(mesh, mk, comm, sched, impl, cp_kwargs, pruned_kwargs, attention_fn=None):
+    """(forward, grad of sum(out * g)) of CP attention, jitted: args (q, k, v, ind, plan[, g])."""
+    base = comm.replace("-pruned", "")
+    # the comm-alone probe's stand-in attention goes through the autodiff merge
+    extra = pruned_kwargs if sched is not None and attention_fn is None else {}
+
+    def fwd(q, k, v, ind, pl):
+        return cp.context_parallel_attention(
+            q, k, v, ind, plan=pl, mesh=mesh, axis_name="cp", causal=mk.causal,
+            comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn,
+            attention_kwargs=cp_kwargs, **extra)
+
+    def loss(q, k, v, ind, pl, g):
+        return jnp.sum(fwd(q, k, v, ind, pl).astype(jnp.float32) * g.astype(jnp.float32))
+
+    return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens-per-device", default="32768,65536")
+    ap.add_argument("--masks", default="causal_document,document")
+    ap.add_argument("--comms", default=",".join(COMMS))
+    add_program_args(ap)
+    ap.add_argument("--no-bwd", action="store_true", help="time the forward only")
+    ap.add_argument("--no-probes", action="store_true", help="skip the compute-/comm-alone probes")
+    ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2,
                     help="untimed calls per program (with JAX_ENABLE_PGLE=true: > JAX_PGLE_PROFILING_RUNS, "
                          "so the timed calls run the profile-guided recompile)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit-s", type=float, default=0, help="stop starting new cases after this")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--out-prefix", default=None)
@@ -151,7 +224,7 @@ def main():
     global WARMUP
     WARMUP = a.warmup
     t_start = time.time()
-    impl = None if a.implementation in ("", "none", "None") else a.implementation
+    impl, cp_kwargs, pruned_kwargs = program_kwargs(a)
 
     devs = np.array(jax.devices())
     P = len(devs)
@@ -178,21 +251,9 @@ def main():
         (out_dir / f"{prefix}.md").write_text(render(env, rows))
 
     shard = NamedSharding(mesh, PS(None, "cp"))
-    cp_kwargs = {"sm_margin": a.sm_margin} if a.sm_margin else None
-    om = None
-    if a.overlap_margin:
-        om = tuple(int(x) for x in a.overlap_margin.split(","))
-        om = om[0] if len(om) == 1 else om
-    pruned_kwargs = dict(overlap_sm_margin=om, schedule_hints=a.schedule_hints,
-                         piece_vjp=not a.autodiff_merge, skip_masked=not a.no_skip_masked)
     for L in [int(x) for x in a.tokens_per_device.split(",")]:
         S = P * L
-        kq, kk, kv, kg = jax.random.split(jax.random.PRNGKey(a.seed), 4)
-        q = jax.random.normal(kq, (1, S, H, D), dt, ).astype(dt)
-        k = jax.random.normal(kk, (1, S, K, D), dt).astype(dt)
-        v = jax.random.normal(kv, (1, S, K, D), dt).astype(dt)
-        g = jax.random.normal(kg, (1, S, H, D), dt).astype(dt)
-        q, k, v, g = (jax.device_put(x, dev0) for x in (q, k, v, g))
+        q, k, v, g = make_inputs(S, H, K, D, dt, a.seed, dev0)
         suite = jf.masks.benchmark_suite(S, seed=a.seed)
         for mname in a.masks.split(","):
             if a.time_limit_s and time.time() - t_start > a.time_limit_s:
@@ -205,14 +266,7 @@ def main():
             mask_ind = jax.device_put(mk.startend_row_indices, dev0)
 
             # 1. one device, the whole problem
-            def one_fwd(q, k, v, ind):
-                return jf.attention(q, k, v, ind, causal=mk.causal, implementation=impl)
-
-            def one_loss(q, k, v, ind, g):
-                return jnp.sum(one_fwd(q, k, v, ind).astype(jnp.float32) * g.astype(jnp.float32))
-
-            f1 = jax.jit(one_fwd)
-            b1 = jax.jit(jax.grad(one_loss, argnums=(0, 1, 2)))
+            f1, b1 = one_gpu_programs(mk, impl)
             o1 = f1(q, k, v, mask_ind)
             t1 = timeit(f1, q, k, v, mask_ind, iters=a.iters)
             row1 = dict(mask=mname, S=S, tokens_per_device=L, rho=rho, comm="one-gpu", plan="-",
@@ -224,37 +278,20 @@ def main():
             rows.append(row1)
             print(fmt(row1), flush=True)
 
-            work = cp.chunk_workloads(mk, P * m)
-            plans = {"balanced": cp.balanced_plan(work, P).plan, "dual": cp.dual_chunk_plan(P, P * m)}
             for pname in a.plans.split(","):
-                plan = np.asarray(plans[pname], np.int32)
-                loads = cp.plan_loads(plan, work)
+                plan, loads, need = cp_plan(mk, P, m, pname)
                 plan_j = jnp.asarray(plan)
                 perm = lambda x: cp.permute_tokens(x, plan_j)  # noqa: E731
                 qp, kp, vp, gp = (jax.device_put(perm(x), shard) for x in (q, k, v, g))
                 ind_r = jax.device_put(mask_ind, NamedSharding(mesh, PS()))
-                need = cp.needed_chunks(mk, plan)
                 chunk_bytes = 2 * (S // (P * m)) * K * D * dt.itemsize
                 for comm in a.comms.split(","):
-                    base = comm.replace("-pruned", "")
-                    sched = (cp.make_schedule(P, m, "ring", plan=plan, needed=need)
-                             if comm.endswith("-pruned") else None)
+                    sched = cp_schedule(comm, P, m, plan, need)
                     vol = cp.comm_volume(sched) if sched is not None else cp.allgather_volume(P, m)
 
-                    def make(attention_fn=None, base=base, sched=sched):
-                        # the comm-alone probe's stand-in attention goes through the autodiff merge
-                        extra = pruned_kwargs if sched is not None and attention_fn is None else {}
-
-                        def fwd(q, k, v, ind, pl):
-                            return cp.context_parallel_attention(
-                                q, k, v, ind, plan=pl, mesh=mesh, axis_name="cp", causal=mk.causal,
-                                comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn,
-                                attention_kwargs=cp_kwargs, **extra)
-
-                        def loss(q, k, v, ind, pl, g):
-                            return jnp.sum(fwd(q, k, v, ind, pl).astype(jnp.float32) * g.astype(jnp.float32))
-
-                        return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+                    def make(attention_fn=None, comm=comm, sched=sched):
+                        return cp_programs(mesh, mk, comm, sched, impl, cp_kwargs, pruned_kwargs,
+                                           attention_fn=attention_fn)
 
                     fwd, bwd = make()
                     row = dict(mask=mname, S=S, tokens_per_device=L, rho=rho, comm=comm, plan=pname,
