@@ -376,6 +376,29 @@ def group_meta(meta: np.ndarray) -> np.ndarray:
     return g
 
 
+def random_walk_case(rng):
+    """A random (bounds [4, Sk], Sq, Bn) case for the walk checks: ragged Sq / Sk, empty, reversed
+    and out-of-range ranges, and (70 %) long runs of identical columns so whole groups are skipped;
+    30 % of the cases have 32-40 groups of key blocks."""
+    Sq = int(rng.integers(1, 700))
+    bn = int(rng.choice([64, 128]))
+    Sk = int(rng.integers(1, 5000)) if rng.random() < 0.7 else int(rng.integers(32 * 32 * bn, 40 * 32 * bn))
+    b = np.empty((4, Sk), np.int64)
+    for r in (0, 2):
+        lo = rng.integers(-50, Sq + 50, Sk)
+        hi = lo + rng.integers(-30, Sq + 1, Sk)
+        if rng.random() < 0.7:  # long runs of identical columns: whole groups skipped
+            nseg = int(rng.integers(1, 8))
+            cuts = np.sort(rng.integers(0, Sk, nseg))
+            lo = np.zeros(Sk, np.int64)
+            hi = np.full(Sk, Sq + 10, np.int64)
+            for c in cuts:
+                lo[c:] = rng.integers(-5, Sq + 5)
+                hi[c:] = lo[c] + rng.integers(0, Sq + 20)
+        b[r], b[r + 1] = lo, hi
+    return b, Sq, bn
+
+
 def walk_check(seed: int = 0, rand_cases: int = 150) -> int:
     """The group walk (variant 7) yields exactly variant 3's (block, partial) sequence, for the
     benchmark masks and random bounds (ragged Sk, several chunks of 32 groups, empty tiles)."""
@@ -403,23 +426,7 @@ def walk_check(seed: int = 0, rand_cases: int = 150) -> int:
             for bn in (64, 128):
                 one(b, S, bn)
     for _ in range(rand_cases):
-        Sq = int(rng.integers(1, 700))
-        bn = int(rng.choice([64, 128]))
-        Sk = int(rng.integers(1, 5000)) if rng.random() < 0.7 else int(rng.integers(32 * 32 * bn, 40 * 32 * bn))
-        b = np.empty((4, Sk), np.int64)
-        for r in (0, 2):
-            lo = rng.integers(-50, Sq + 50, Sk)
-            hi = lo + rng.integers(-30, Sq + 1, Sk)
-            if rng.random() < 0.7:  # long runs of identical columns: whole groups skipped
-                nseg = int(rng.integers(1, 8))
-                cuts = np.sort(rng.integers(0, Sk, nseg))
-                lo = np.zeros(Sk, np.int64)
-                hi = np.full(Sk, Sq + 10, np.int64)
-                for c in cuts:
-                    lo[c:] = rng.integers(-5, Sq + 5)
-                    hi[c:] = lo[c] + rng.integers(0, Sq + 20)
-            b[r], b[r + 1] = lo, hi
-        one(b, Sq, bn)
+        one(*random_walk_case(rng))
     print(f"group walk vs variant-3 walk: {cases} bound sets, {tiles} query tiles, {bad} mismatches; "
           f"metadata scans {scans3} (variant 3) -> {scans7} (variant 7, ballots included)")
     return bad

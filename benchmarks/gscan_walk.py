@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bwd_mask_model import suite_bounds  # noqa: E402
-from fwd_mask_model import _meta, group_meta, walk  # noqa: E402
+from fwd_mask_model import _meta, group_meta, random_walk_case, walk  # noqa: E402
 
 BM = 128
 SMS = 132
@@ -206,23 +206,7 @@ def check(seed: int = 0, rand_cases: int = 150, seqs=(4096, 16384, 32768)) -> in
             for bn in (64, 128):
                 one(b, S, bn)
     for _ in range(rand_cases):
-        Sq = int(rng.integers(1, 700))
-        bn = int(rng.choice([64, 128]))
-        Sk = int(rng.integers(1, 5000)) if rng.random() < 0.7 else int(rng.integers(32 * 32 * bn, 40 * 32 * bn))
-        b = np.empty((4, Sk), np.int64)
-        for r in (0, 2):
-            lo = rng.integers(-50, Sq + 50, Sk)
-            hi = lo + rng.integers(-30, Sq + 1, Sk)
-            if rng.random() < 0.7:  # long runs of identical columns: whole groups skipped
-                nseg = int(rng.integers(1, 8))
-                cuts = np.sort(rng.integers(0, Sk, nseg))
-                lo = np.zeros(Sk, np.int64)
-                hi = np.full(Sk, Sq + 10, np.int64)
-                for c in cuts:
-                    lo[c:] = rng.integers(-5, Sq + 5)
-                    hi[c:] = lo[c] + rng.integers(0, Sq + 20)
-            b[r], b[r + 1] = lo, hi
-        one(b, Sq, bn)
+        one(*random_walk_case(rng))
     print(f"check: {cases} bound sets, {tiles} (tile, group level on/off) walks: {bad} mismatches "
           f"(blocks, order, partial flags; steps with the group level off); tiles where the fixed "
           f"walk takes more dependent steps than variant 3 at some position: {worse} "
