@@ -319,7 +319,8 @@ BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
 MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12}  # variant -> the variant it is bitwise equal to
 LOCKSTEP_BWD_VARIANTS = (12, 13)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
-DEFAULT_BWD_VARIANT = 5  # the default at d = 128 (and d = 256's nominal number). H200 2026-11-30 run B: 37 GPU tests, sanitizers
+# The base variant: the deterministic default at d = 128 and d = 256's nominal number.
+DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
                          # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
                          # Variant 6 (session 3, runs 1-2): 62 GPU tests, sanitizers clean, dK/dV
