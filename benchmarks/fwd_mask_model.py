@@ -294,6 +294,34 @@ def _meta(bounds: np.ndarray, bn: int) -> np.ndarray:
     return key_block_meta(bounds, bn).T.copy()
 
 
+def scan_bits(meta: np.ndarray, base: int, ms: int, me: int, Sk: int, bn: int):
+    """One block-scan step of KeptBlocks: (keep, part) ballots of key blocks base .. base + 31 for
+    query rows [ms, me) (SPEC section 3's skip / partial tests; the ragged last block is partial)."""
+    nblk = meta.shape[1]
+    keep = part = 0
+    for lane in range(32):
+        n = base + lane
+        if n < nblk:
+            lts_mn, lts_mx, lte_mn, lte_mx, uts_mn, uts_mx, ute_mn, ute_mx = meta[:, n]
+            skip = (ms >= lts_mx and me <= lte_mn) or (ms >= uts_mx and me <= ute_mn)
+            p = (ms < lte_mx and me > lts_mn) or (ms < ute_mx and me > uts_mn) or ((n + 1) * bn > Sk)
+            keep |= (not skip) << lane
+            part |= bool(p) << lane
+    return keep, part
+
+
+def group_bits(gmeta: np.ndarray, g0: int, ms: int, me: int, nblk: int) -> int:
+    """One group ballot: bit lane set when group g0 + lane exists and may hold a kept block
+    (gmeta [ngrp, 4] = {LTSmax, LTEmin, UTSmax, UTEmin})."""
+    m = 0
+    for lane in range(32):
+        g = g0 + lane
+        if 32 * g < nblk:
+            a, b_, c, d_ = gmeta[g]
+            m |= (not ((ms >= a and me <= b_) or (ms >= c and me <= d_))) << lane
+    return m
+
+
 def walk(meta: np.ndarray, ms: int, me: int, Sk: int, bn: int, groups: bool, gmeta=None):
     """KeptBlocks<Bn, kGroups> in Python, statement for statement: returns ([(n, partial)], block
     scans, group ballots). gmeta [ngrp, 4] = {LTSmax, LTEmin, UTSmax, UTEmin} or None (goff = 0)."""
@@ -304,16 +332,7 @@ def walk(meta: np.ndarray, ms: int, me: int, Sk: int, bn: int, groups: bool, gme
     def scan():
         nonlocal scans
         scans += 1
-        keep = part = 0
-        for lane in range(32):
-            n = st["base"] + lane
-            if n < nblk:
-                lts_mn, lts_mx, lte_mn, lte_mx, uts_mn, uts_mx, ute_mn, ute_mx = meta[:, n]
-                skip = (ms >= lts_mx and me <= lte_mn) or (ms >= uts_mx and me <= ute_mn)
-                p = (ms < lte_mx and me > lts_mn) or (ms < ute_mx and me > uts_mn) or ((n + 1) * bn > Sk)
-                keep |= (not skip) << lane
-                part |= bool(p) << lane
-        st["keep"], st["part"] = keep, part
+        st["keep"], st["part"] = scan_bits(meta, st["base"], ms, me, Sk, bn)
 
     def gscan(g0):
         nonlocal ballots
@@ -321,13 +340,7 @@ def walk(meta: np.ndarray, ms: int, me: int, Sk: int, bn: int, groups: bool, gme
             ng = -(-nblk // 32) - g0
             return 0xFFFFFFFF if ng >= 32 else (1 << ng) - 1
         ballots += 1
-        m = 0
-        for lane in range(32):
-            g = g0 + lane
-            if 32 * g < nblk:
-                a, b_, c, d_ = gmeta[g]
-                m |= (not ((ms >= a and me <= b_) or (ms >= c and me <= d_))) << lane
-        return m
+        return group_bits(gmeta, g0, ms, me, nblk)
 
     def advance():
         if groups:  # the kernel's flat loop

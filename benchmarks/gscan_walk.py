@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bwd_mask_model import suite_bounds  # noqa: E402
-from fwd_mask_model import _meta, group_meta, random_walk_case, walk  # noqa: E402
+from fwd_mask_model import _meta, group_bits, group_meta, random_walk_case, scan_bits  # noqa: E402
 
 BM = 128
 SMS = 132
@@ -69,17 +69,8 @@ def walk_trace(meta: np.ndarray, gm, ms: int, me: int, Sk: int, bn: int, groups:
     pos = ["pre"]
 
     def scan(extra=None):
-        keep = part = 0
         base = st["base"]
-        for lane in range(32):
-            n = base + lane
-            if n < nblk:
-                lts_mn, lts_mx, lte_mn, lte_mx, uts_mn, uts_mx, ute_mn, ute_mx = meta[:, n]
-                skip = (ms >= lts_mx and me <= lte_mn) or (ms >= uts_mx and me <= ute_mn)
-                p = (ms < lte_mx and me > lts_mn) or (ms < ute_mx and me > uts_mn) or ((n + 1) * bn > Sk)
-                keep |= (not skip) << lane
-                part |= bool(p) << lane
-        st["keep"], st["part"] = keep, part
+        st["keep"], st["part"] = scan_bits(meta, base, ms, me, Sk, bn)
         lines = [("b", r, base // 32) for r in range(8)]
         if extra is None:
             steps.append(("s", pos[0], lines))
@@ -88,16 +79,8 @@ def walk_trace(meta: np.ndarray, gm, ms: int, me: int, Sk: int, bn: int, groups:
 
     def gscan(c):
         """(candidate mask of groups c .. c + 31, their metadata lines)"""
-        m = 0
-        for lane in range(32):
-            g = c + lane
-            if 32 * g < nblk:
-                if gm is None:
-                    m |= 1 << lane
-                else:
-                    a, b_, c_, d_ = gm[g]
-                    m |= (not ((ms >= a and me <= b_) or (ms >= c_ and me <= d_))) << lane
         ng = min(32, ngrp - c)
+        m = (1 << ng) - 1 if gm is None else group_bits(gm, c, ms, me, nblk)
         lines = [] if gm is None else [("g", (16 * c) // 128 + k) for k in range(-(-16 * ng // 128))]
         return m, lines
 
