@@ -94,7 +94,7 @@ for (Sq, Sk, N, d, dt) in cases:
         o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var)
         jax.block_until_ready((o, l))
         print(f"ran Sq={Sq} d={d} variant={var}", flush=True)
-        if var in (3, 5, 6, 7) and Sq > 1000:  # few persistent CTAs: many tiles per CTA, both Q slots
+        if var in _cuda.PERSISTENT_VARIANTS and Sq > 1000:  # few persistent CTAs: many tiles per CTA, both Q slots
             o, l = _cuda.forward(q, k, k, jnp.asarray(b), scale=0.1, variant=var, sm_margin=124)
             jax.block_until_ready((o, l))
             print(f"ran Sq={Sq} d={d} variant={var} sm_margin=124", flush=True)

@@ -66,6 +66,8 @@ MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_iden
 MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
 GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT)  # workspace: + group metadata
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT)
+# the persistent-grid variants: they launch num_SMs - sm_margin CTAs
+PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 32768  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py

@@ -299,6 +299,7 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
+    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11} <= set(_cuda.VARIANTS)
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10

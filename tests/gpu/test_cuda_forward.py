@@ -229,7 +229,8 @@ def test_sm_margin_identical(d):
     q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, 2, S, S)):
         b = jnp.asarray(b)
-        for var in sorted(v for v in ({3, 5, 6, 7, 10, 11} & set(VARIANTS)) | {3} if _supported(v, q.dtype, d)):
+        for var in sorted(v for v in (set(_cuda.PERSISTENT_VARIANTS) & set(VARIANTS)) | {3}
+                         if _supported(v, q.dtype, d)):
             ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
             ro = np.asarray(ro.astype(jnp.float32))
             rl = np.asarray(rl)
