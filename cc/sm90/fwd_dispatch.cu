@@ -20,9 +20,29 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if (p.variant < 2 || p.variant > 7) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7)";
+  if ((p.variant < 2 || p.variant > 7) && p.variant != 12 && p.variant != 13) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 12, 13)";
     return cudaErrorInvalidValue;
+  }
+  if (p.variant == 12) {
+    // Variant 3's grid and bounds path with three consumer warpgroups (192-row query tiles, GEMM
+    // issue in a round robin, setmaxnreg 32/160), d = 64 only (inst/*_d64_bn128_wg3_*.cu).
+    if (p.d != 64) {
+      if (err) *err = "flashmask sm90 forward: variant 12 (three consumer warpgroups) is head dim 64 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 3, 2, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 64, 128, 3, 2, true>(p, stream, err);
+  }
+  if (p.variant == 13) {
+    // Variant 3's grid and bounds path with key blocks of 80 at d = 256 (instead of 64; setmaxnreg
+    // 24/240, one Q buffer), d = 256 only (inst/*_d256_bn80_*.cu).
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 13 (key blocks of 80) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 80, 2, 2, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 80, 2, 2, true>(p, stream, err);
   }
   if (p.variant == 7) {
     // Variant 3's grid and bounds path with the two-level key-block walk (FwdTraitsGroupScan:

@@ -34,13 +34,17 @@ struct FwdTraits {
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
   static constexpr int Bm = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
-  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
-  // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
-  static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
+  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 (and of
+  // Bn = 80 at d = 256, variant 13, next to its 128 O registers) need 240 per consumer thread,
+  // which leaves 24 for the producer (24*128 + 240*256 <= 64K). NWG = 3 (variant 12, d = 64):
+  // 32/160 (32*128 + 160*384 = 64K).
+  static constexpr bool kWideRegs = Bn > 128 || (D == 256 && Bn > 64);
+  static constexpr int kRegProducer = NWG == 3 ? 32 : (kWideRegs ? 24 : 40);
   // Variant 7 (FwdTraitsGroupScan below): KeptBlocks first classifies groups of 32 key blocks
   // (one ballot for 32 groups) and scans only the groups that may hold a kept block.
   static constexpr bool kGroupScan = false;
-  static constexpr int kRegConsumer = Bn > 128 ? 240 : 232;
+  static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
+  static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
 
@@ -515,10 +519,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       auto softmax = [&](float (&corr)[2]) {
         CUTE_UNROLL
         for (int i = 0; i < 2; ++i) {
-          float mx = m_i[i];
-          CUTE_UNROLL
-          for (int kk = 0; kk < Bn / 8; ++kk) {
-            mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+          float mx;
+          if constexpr (NWG == 3) {
+            // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
+            // across the GEMM issue, and the chain then starts without waiting for their load
+            mx = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
+            CUTE_UNROLL
+            for (int kk = 1; kk < Bn / 8; ++kk) {
+              mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+            }
+            mx = fmaxf(mx, m_i[i]);
+          } else {
+            mx = m_i[i];
+            CUTE_UNROLL
+            for (int kk = 0; kk < Bn / 8; ++kk) {
+              mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+            }
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -594,6 +610,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
         constexpr bool kPingPong = NWG == 2;
+        // NWG = 3 (variant 12): the same idea as a round robin. Warpgroup w issues its GEMMs after
+        // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
+        // the tensor pipe takes warpgroup 0, 1, 2, 0, ... and each softmax runs under the two other
+        // warpgroups' GEMMs. Every barrier has one syncing and one arriving warpgroup (256 threads);
+        // warpgroup 2 opens the round (like warpgroup 1 above) and skips its arrival after the
+        // tile's last block, so the counts balance within each tile.
+        constexpr bool kRoundRobin = NWG == 3;
         {
           bool partial;
           int n;
@@ -615,6 +638,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if constexpr (kPingPong) {
           if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
         }
+        if constexpr (kRoundRobin) {
+          if (cwg == 2 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        }
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
@@ -626,11 +652,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (cwg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
             else asm volatile("bar.sync 2, 256;\n" ::: "memory");
           }
+          if constexpr (kRoundRobin) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cwg) : "memory");
           wgmma_gemm<true, -1, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           pipe_v.consumer_wait(rd_prev);
           wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
           if constexpr (kPingPong) {
             if (cwg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+            else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+          }
+          if constexpr (kRoundRobin) {
+            if (cwg < 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cwg) : "memory");
             else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
           }
           warpgroup_wait<1>();
@@ -743,7 +774,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
   if (total_tiles > INT32_MAX) {
-    if (err) *err = "flashmask sm90 forward: too many query tiles (ceil(Sq/128) * N * B >= 2^31)";
+    if (err) *err = "flashmask sm90 forward: too many query tiles (ceil(Sq/Bm) * N * B >= 2^31)";
     return cudaErrorInvalidValue;
   }
   const size_t smem = sizeof(typename T::SharedStorage);
@@ -753,7 +784,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // global memory by the consumers (2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7;
+  // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3.
+  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7 ||
+                          p.variant == 12 || p.variant == 13;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -808,7 +841,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7) &&
+  a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7 ||
+                   p.variant == 12 || p.variant == 13) &&
                   p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
