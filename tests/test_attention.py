@@ -292,6 +292,19 @@ def test_cuda_kernel_variant_resolution():
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)
         assert not _cuda.variant_supported(removed, jnp.bfloat16, 64)
+    # 12 (three consumer warpgroups) is d = 64 only, 13 (key blocks of 80) d = 256 only; neither
+    # is the default nor in every GPU check (their own tests in tests/gpu/test_cuda_forward.py)
+    assert _cuda.resolve_variant(12) == 12 and _cuda.resolve_variant(13) == 13
+    assert [_cuda.variant_supported(12, jnp.bfloat16, d) for d in (64, 128, 256)] == [True, False, False]
+    assert [_cuda.variant_supported(13, jnp.float16, d) for d in (64, 128, 256)] == [False, False, True]
+    assert 12 not in _cuda.TESTED_VARIANTS and 13 not in _cuda.TESTED_VARIANTS
+    _cuda.check_variant_head_dim(12, 64)
+    _cuda.check_variant_head_dim(13, 256)
+    _cuda.check_variant_head_dim(3, 128)
+    with pytest.raises(ValueError, match="head dim 64 only"):
+        _cuda.check_variant_head_dim(12, 128)
+    with pytest.raises(ValueError, match="head dim 256 only"):
+        _cuda.check_variant_head_dim(13, 64)
 
 
 # ---------------------------------------------------------------------------------------------
