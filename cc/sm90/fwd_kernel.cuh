@@ -71,6 +71,13 @@ struct FwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<Int<NWG>, _1, _1>>{}));
 
+  // One GMMA instruction per k-step for QK^T (N = Bn) and PV (N = D): a selector fallback to a
+  // narrower N (e.g. 64x16 for Bn = 80 without CuTe's extended shapes) is a compile error.
+  static_assert(decltype(size<1>(typename TiledMmaQK::AtomShape_MNK{}))::value == Bn,
+                "QK^T GMMA atom narrower than the key block");
+  static_assert(decltype(size<1>(typename TiledMmaPV::AtomShape_MNK{}))::value == D,
+                "PV GMMA atom narrower than the head dim");
+
   using Pipeline = cutlass::PipelineTmaAsync<Stages>;
 
   struct SharedStorage {
