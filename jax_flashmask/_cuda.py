@@ -56,13 +56,19 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #  13: variant 3 with key blocks of 80 at d = 256 only (instead of 64: a quarter more GEMM work per
 #      softmax step, per-block fixed costs amortized; setmaxnreg 24/240, one Q buffer, 226.6 KB of
 #      shared memory) (benchmarks/NOTES_fwd_hd.md; not yet run on a GPU).
+#  14: variant 3 (d = 256 only) with the query tiles handed out in pairs: in each head the order is
+#      heaviest, lightest, second heaviest, ..., a CTA runs the two tiles of a pair back to back and
+#      walks the second from its last key block down, so on a causal mask all CTAs read the same
+#      K/V blocks at the same time (as on the full mask) instead of a query tile's worth of keys
+#      apart: aimed at the L2 reuse distance of d = 256 causal (benchmarks/NOTES_fwd_hd.md; not
+#      yet run on a GPU).
 GROUP_SCAN_VARIANT = 7
-VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, 12, 13)
+VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, 12, 13, 14)
 DEFAULT_VARIANT = 3
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 # Variants compiled for one head dim only (variant -> head dim); forward() raises ValueError for
 # the others. Every other variant is compiled for 64, 128 and 256.
-HEAD_DIM_VARIANTS = {12: 64, 13: 256}
+HEAD_DIM_VARIANTS = {12: 64, 13: 256, 14: 256}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -167,7 +173,7 @@ def variant_supported(variant: int, dtype, head_dim: int) -> bool:
 
 def check_variant_head_dim(variant: int, head_dim: int) -> None:
     """ValueError when forward kernel `variant` (already resolved) is not compiled for `head_dim`
-    (variants 12 and 13 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
+    (variants 12, 13 and 14 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
     want = HEAD_DIM_VARIANTS.get(int(variant))
     if want is not None and int(head_dim) != want:
         raise ValueError(f"forward kernel variant {variant} is compiled for head dim {want} only, "
@@ -192,7 +198,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 12, 13; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 12, 13, 14; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """

@@ -297,7 +297,11 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_variant(12) == 12 and _cuda.resolve_variant(13) == 13
     assert [_cuda.variant_supported(12, jnp.bfloat16, d) for d in (64, 128, 256)] == [True, False, False]
     assert [_cuda.variant_supported(13, jnp.float16, d) for d in (64, 128, 256)] == [False, False, True]
-    assert 12 not in _cuda.TESTED_VARIANTS and 13 not in _cuda.TESTED_VARIANTS
+    assert _cuda.resolve_variant(14) == 14
+    assert [_cuda.variant_supported(14, jnp.bfloat16, d) for d in (64, 128, 256)] == [False, False, True]
+    assert not {12, 13, 14} & set(_cuda.TESTED_VARIANTS)
+    with pytest.raises(ValueError, match="head dim 256 only"):
+        _cuda.check_variant_head_dim(14, 128)
     _cuda.check_variant_head_dim(12, 64)
     _cuda.check_variant_head_dim(13, 256)
     _cuda.check_variant_head_dim(3, 128)

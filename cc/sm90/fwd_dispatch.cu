@@ -20,9 +20,20 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if ((p.variant < 2 || p.variant > 7) && p.variant != 12 && p.variant != 13) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 12, 13)";
+  if ((p.variant < 2 || p.variant > 7) && (p.variant < 12 || p.variant > 14)) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 12 to 14)";
     return cudaErrorInvalidValue;
+  }
+  if (p.variant == 14) {
+    // Variant 3 with the tiles handed out in pairs (heaviest + lightest of a head on one CTA, the
+    // second walked from its last key block down: FwdTraitsPaired), d = 256 only
+    // (inst/*_d256_bn64_*_pair.cu).
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 14 (paired tiles) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, false, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, false, true>(p, stream, err);
   }
   if (p.variant == 12) {
     // Variant 3's grid and bounds path with three consumer warpgroups (192-row query tiles, GEMM

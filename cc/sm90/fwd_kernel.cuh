@@ -43,6 +43,9 @@ struct FwdTraits {
   // Variant 7 (FwdTraitsGroupScan below): KeptBlocks first classifies groups of 32 key blocks
   // (one ballot for 32 groups) and scans only the groups that may hold a kept block.
   static constexpr bool kGroupScan = false;
+  // Variant 14 (FwdTraitsPaired below): the persistent grid hands out pairs of tiles, the second
+  // one walked from its last key block down.
+  static constexpr bool kPaired = false;
   static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
   static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
@@ -100,6 +103,21 @@ struct FwdTraits {
 template <class Base>
 struct FwdTraitsGroupScan : Base {
   static constexpr bool kGroupScan = true;
+};
+
+// Variant 14: FwdTraits whose persistent grid hands out *pairs* of query tiles of one head: in
+// each head the order is heaviest, lightest, second heaviest, second lightest, ... (for a causal
+// mask every pair holds the same number of key blocks), the two tiles of a pair run back to back
+// on one CTA, and the second walks its key blocks from the last down. Then at any moment every
+// CTA reads either key block t (first tiles) or key block C - t (second tiles, C = the pair's
+// length): the CTAs stay in step the way they do on the full mask, instead of sitting a query
+// tile's worth of keys (Bm x d x 4 bytes of K/V) apart, which under the plain heaviest-first order
+// spreads the K/V reads of the 132 CTAs over 132 x Bm x 4d bytes = 17 MB at d = 256
+// (benchmarks/NOTES_fwd_hd.md). Derived type: the other kernels keep their symbols and SASS.
+template <class Base>
+struct FwdTraitsPaired : Base {
+  static constexpr bool kPaired = true;
+  static_assert(!Base::kGroupScan, "paired tiles walk one level of metadata");
 };
 
 struct KArgs {
@@ -175,8 +193,17 @@ struct KeptGroups<true> {
   unsigned gmask;  // groups of the current chunk of 32 that may hold a kept block
 };
 
-template <int Bn, bool kGroups = false>
-struct KeptBlocks : KeptGroups<kGroups> {
+// kRev (variant 14): the walk can also run from the last key block down (rev, set per tile).
+template <bool kRev>
+struct KeptDir {};
+template <>
+struct KeptDir<true> {
+  bool rev;
+};
+
+template <int Bn, bool kGroups = false, bool kRev = false>
+struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
+  static_assert(!(kGroups && kRev), "the reversed walk has no group level");
   const int32_t* mt;
   int nblk, ms, me, Sk;
   int base;
@@ -186,10 +213,15 @@ struct KeptBlocks : KeptGroups<kGroups> {
 
   KeptBlocks() = default;
   __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_,
-                                        int goff_ = 0)
+                                        int goff_ = 0, bool rev_ = false)
       : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), base(0) {
     (void)lane_;
-    if constexpr (kGroups) {
+    (void)rev_;
+    if constexpr (kRev) {
+      this->rev = rev_;
+      if (rev_) base = ((nblk_ - 1) >> 5) << 5;  // the last chunk of 32 blocks first
+      scan();
+    } else if constexpr (kGroups) {
       base = -32;  // before chunk 0: advance() starts with the group ballot of chunk 0
       keep = 0u;
       part = 0u;
@@ -258,6 +290,23 @@ struct KeptBlocks : KeptGroups<kGroups> {
           keep = 0u;
         }
       }
+    } else if constexpr (kRev) {
+      // one loop and one scan site for both directions (see scan)
+      (void)goff;
+      const int step = this->rev ? -32 : 32;
+      while (keep == 0u) {
+        base += step;
+        if (base < 0 || base >= nblk) {
+          nxt = -1;
+          return;
+        }
+        scan();
+      }
+      const int bit = this->rev ? 31 - __clz(keep) : __ffs(keep) - 1;
+      keep &= ~(1u << bit);
+      nxt = base + bit;
+      nxt_partial = (part >> bit) & 1u;
+      return;
     } else {
       (void)goff;
       while (keep == 0u) {
@@ -310,10 +359,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // inside a head the last query tile comes first (heaviest first for bottom-right causal masks).
   auto decode = [&](int t, int& m_blk, int& h, int& b) {
     const int hb = t / mblk;
-    m_blk = mblk - 1 - (t - hb * mblk);
+    if constexpr (T::kPaired) {
+      // variant 14: inside a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ...
+      const int j = t - hb * mblk;
+      m_blk = (j & 1) ? (j >> 1) : mblk - 1 - (j >> 1);
+    } else {
+      m_blk = mblk - 1 - (t - hb * mblk);
+    }
     h = hb % a.N;
     b = hb / a.N;
   };
+  // variant 14: the second tile of each pair (odd t) walks its key blocks from the last down
+  auto reversed = [&](int t) { return T::kPaired && (t & 1) != 0; };
 
   typename Pipeline::Params pp;
   pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
@@ -353,7 +410,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      int t = blockIdx.x;
+      // variant 14: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
+      int t = T::kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
       for (int it = 0;; ++it) {
         const int slot = it % QS;
         const bool done = t >= total_tiles;
@@ -365,7 +423,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         if (done) break;
         int t_next = total_tiles;
-        if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
+        if constexpr (T::kPaired) {
+          if (lane == 0) {
+            if ((t & 1) == 0) t_next = t + 1;  // the pair's second tile
+            else if (a.tile_counter != nullptr) t_next = 2 * ((int)gridDim.x + atomicAdd(a.tile_counter, 1));
+          }
+        } else {
+          if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
+        }
         int m_blk, h, b;
         decode(t, m_blk, h, b);
         const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
@@ -384,8 +449,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
         }
         const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        KeptBlocks<Bn, T::kGroupScan> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk,
-                                             ms, me, a.Sk, lane, a.group_meta);
+        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
+            a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
+            reversed(t));
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
@@ -441,7 +507,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
     const bool tovl = T::Overlap && a.tile_overlap != 0;
     int t_nxt = -1;
-    KeptBlocks<Bn, T::kGroupScan> blocks_nxt;
+    KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
     int pend_n = 0;
     for (int it = 0;; ++it) {
@@ -589,10 +655,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
 
-      KeptBlocks<Bn, T::kGroupScan> blocks =
+      KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
           pre ? blocks_nxt
-              : KeptBlocks<Bn, T::kGroupScan>(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk,
-                                              nblk, ms, me, a.Sk, lane, a.group_meta);
+              : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                    a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
+                    a.group_meta, reversed(t));
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
@@ -709,9 +776,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             decode(t_nxt, m2, h2, b2);
             const int hm2 = h2 / a.heads_per_mask;
             const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
-            blocks_nxt = KeptBlocks<Bn, T::kGroupScan>(
+            blocks_nxt = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
                 a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
-                a.group_meta);
+                a.group_meta, reversed(t_nxt));
             go = blocks_nxt.has_next();
           }
           if (go) {
@@ -773,14 +840,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 // GroupScan: variant 7's kernel (FwdTraitsGroupScan; fwd_dispatch.cu passes p.variant = 7, which
 // launches like 3: persistent grid, bounds staged in smem).
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan>
+// Paired: variant 14's kernel (FwdTraitsPaired; launched like 3 with pairs of tiles per claim).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool Paired>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
-  using T = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>, Base>;
+  using T = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>,
+                               std::conditional_t<Paired, FwdTraitsPaired<Base>, Base>>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
-  if (total_tiles > INT32_MAX) {
+  if (total_tiles > INT32_MAX - 1024) {
     if (err) *err = "flashmask sm90 forward: too many query tiles (ceil(Sq/Bm) * N * B >= 2^31)";
     return cudaErrorInvalidValue;
   }
@@ -792,8 +861,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
   // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3.
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7 ||
-                          p.variant == 12 || p.variant == 13;
+  const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
+                          p.variant == 7 || p.variant == 12 || p.variant == 13;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -849,7 +918,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
   a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7 ||
-                   p.variant == 12 || p.variant == 13) &&
+                   p.variant == 12 || p.variant == 13 || p.variant == 14) &&
                   p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
@@ -871,7 +940,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     if (sms <= 0) sms = 132;
     // sm_margin: leave SMs free for concurrent kernels (NCCL under context parallelism)
     const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
-    grid = (int)std::min<int64_t>(total_tiles, ctas);
+    // variant 14: one claim = two tiles
+    grid = (int)std::min<int64_t>(Paired ? (total_tiles + 1) / 2 : total_tiles, ctas);
     a.tile_counter = p.meta + meta_elems;
     e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
     if (e != cudaSuccess) return e;

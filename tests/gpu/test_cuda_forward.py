@@ -319,13 +319,15 @@ def test_group_scan_bit_identical(d):
 
 # --------------------------------------------------------------------------- variants 12 and 13
 # Single-head-dim kernels (not in TESTED_VARIANTS): 12 = three consumer warpgroups (192-row query
-# tiles, GEMM issue in a round robin), d = 64 only; 13 = key blocks of 80, d = 256 only. These
+# tiles, GEMM issue in a round robin), d = 64 only; 13 = key blocks of 80, d = 256 only; 14 = tiles
+# in pairs (the second walked from its last key block down; odd tile counts leave a pair with one
+# tile), d = 256 only. These
 # tests run them whatever JFM_TEST_VARIANTS says (the other d = 64 / 256 tests above run them too
 # when it lists them). Shapes are chosen around their tile sizes: Sq not a multiple of 192, Sk not
 # a multiple of 80 (ragged last key block), Sk % 4 != 0 (bounds read from global memory instead of
 # the smem copy), query tiles with one key block (no round robin at all) and two.
 
-HD_VARIANTS = [(12, 64), (13, 256)]
+HD_VARIANTS = [(12, 64), (13, 256), (14, 256)]
 
 
 def _hd_variant(var, d):
@@ -357,6 +359,23 @@ def test_hd_variant_ragged(var, d, Sq, Sk, dtype):
     q, k, v = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
     _check(q, k, v, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, variants=[var])
     _check(q, k, v, causal_bounds(2, 1, Sq, Sk), seed=seed, variants=[var])
+
+
+@pytest.mark.parametrize("var,d", HD_VARIANTS)
+@pytest.mark.parametrize("Sq", [300, 650])
+def test_hd_variant_odd_tile_count(var, d, Sq):
+    """An odd number of query tiles (3 heads x 3 or 5 tiles of 128 rows): variant 14's last pair
+    has one tile; with sm_margin leaving one CTA, that CTA walks every pair."""
+    _hd_variant(var, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 1, Sq, 333, 3, 1, d, jnp.bfloat16)
+    for b in (random_bounds(rng, 1, 3, Sq, 333), causal_bounds(1, 1, Sq, 333)):
+        _check(q, k, v, b, seed=seed, variants=[var])
+        ro, rl = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var)
+        o, l = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var, sm_margin=100000)
+        np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), np.asarray(ro.astype(jnp.float32)))
+        np.testing.assert_array_equal(np.asarray(l), np.asarray(rl))
 
 
 @pytest.mark.parametrize("var,d", HD_VARIANTS)
@@ -433,7 +452,7 @@ def test_hd_variant_wrong_head_dim():
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, 1, 64, 64, 2, 2, 128, jnp.bfloat16)
     b = causal_bounds(1, 1, 64, 64)
-    for var in (12, 13):
+    for var in (12, 13, 14):
         if var not in getattr(_cuda, "VARIANTS", ()):
             continue
         with pytest.raises(ValueError, match="head dim"):
