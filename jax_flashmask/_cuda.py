@@ -62,13 +62,14 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #      K/V blocks at the same time (as on the full mask) instead of a query tile's worth of keys
 #      apart: aimed at the L2 reuse distance of d = 256 causal (benchmarks/NOTES_fwd_hd.md; not
 #      yet run on a GPU).
+#  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
 GROUP_SCAN_VARIANT = 7
-VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, 12, 13, 14)
+VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, 12, 13, 14, 15)
 DEFAULT_VARIANT = 3
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 # Variants compiled for one head dim only (variant -> head dim); forward() raises ValueError for
 # the others. Every other variant is compiled for 64, 128 and 256.
-HEAD_DIM_VARIANTS = {12: 64, 13: 256, 14: 256}
+HEAD_DIM_VARIANTS = {12: 64, 13: 256, 14: 256, 15: 256}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -173,7 +174,7 @@ def variant_supported(variant: int, dtype, head_dim: int) -> bool:
 
 def check_variant_head_dim(variant: int, head_dim: int) -> None:
     """ValueError when forward kernel `variant` (already resolved) is not compiled for `head_dim`
-    (variants 12, 13 and 14 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
+    (variants 12 to 15 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
     want = HEAD_DIM_VARIANTS.get(int(variant))
     if want is not None and int(head_dim) != want:
         raise ValueError(f"forward kernel variant {variant} is compiled for head dim {want} only, "
@@ -198,7 +199,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 12, 13, 14; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 12-15; the default is 3) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """

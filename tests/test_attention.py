@@ -299,7 +299,9 @@ def test_cuda_kernel_variant_resolution():
     assert [_cuda.variant_supported(13, jnp.float16, d) for d in (64, 128, 256)] == [False, False, True]
     assert _cuda.resolve_variant(14) == 14
     assert [_cuda.variant_supported(14, jnp.bfloat16, d) for d in (64, 128, 256)] == [False, False, True]
-    assert not {12, 13, 14} & set(_cuda.TESTED_VARIANTS)
+    assert _cuda.resolve_variant(15) == 15
+    assert [_cuda.variant_supported(15, jnp.bfloat16, d) for d in (64, 128, 256)] == [False, False, True]
+    assert not {12, 13, 14, 15} & set(_cuda.TESTED_VARIANTS)
     with pytest.raises(ValueError, match="head dim 256 only"):
         _cuda.check_variant_head_dim(14, 128)
     _cuda.check_variant_head_dim(12, 64)

@@ -20,9 +20,19 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if ((p.variant < 2 || p.variant > 7) && (p.variant < 12 || p.variant > 14)) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 12 to 14)";
+  if ((p.variant < 2 || p.variant > 7) && (p.variant < 12 || p.variant > 15)) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 12 to 15)";
     return cudaErrorInvalidValue;
+  }
+  if (p.variant == 15) {
+    // Variants 13 and 14 together: key blocks of 80 and paired tiles, d = 256 only
+    // (inst/*_d256_bn80_*_pair.cu).
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 15 (key blocks of 80, paired tiles) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 80, 2, 2, true, false, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 80, 2, 2, true, false, true>(p, stream, err);
   }
   if (p.variant == 14) {
     // Variant 3 with the tiles handed out in pairs (heaviest + lightest of a head on one CTA, the

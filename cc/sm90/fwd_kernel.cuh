@@ -918,7 +918,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
   a.smem_bounds = (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7 ||
-                   p.variant == 12 || p.variant == 13 || p.variant == 14) &&
+                   p.variant == 12 || p.variant == 13 || p.variant == 14 || p.variant == 15) &&
                   p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;

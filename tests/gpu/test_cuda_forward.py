@@ -321,13 +321,13 @@ def test_group_scan_bit_identical(d):
 # Single-head-dim kernels (not in TESTED_VARIANTS): 12 = three consumer warpgroups (192-row query
 # tiles, GEMM issue in a round robin), d = 64 only; 13 = key blocks of 80, d = 256 only; 14 = tiles
 # in pairs (the second walked from its last key block down; odd tile counts leave a pair with one
-# tile), d = 256 only. These
+# tile), d = 256 only; 15 = 13 and 14 together. These
 # tests run them whatever JFM_TEST_VARIANTS says (the other d = 64 / 256 tests above run them too
 # when it lists them). Shapes are chosen around their tile sizes: Sq not a multiple of 192, Sk not
 # a multiple of 80 (ragged last key block), Sk % 4 != 0 (bounds read from global memory instead of
 # the smem copy), query tiles with one key block (no round robin at all) and two.
 
-HD_VARIANTS = [(12, 64), (13, 256), (14, 256)]
+HD_VARIANTS = [(12, 64), (13, 256), (14, 256), (15, 256)]
 
 
 def _hd_variant(var, d):
@@ -452,7 +452,7 @@ def test_hd_variant_wrong_head_dim():
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, 1, 64, 64, 2, 2, 128, jnp.bfloat16)
     b = causal_bounds(1, 1, 64, 64)
-    for var in (12, 13, 14):
+    for var in (12, 13, 14, 15):
         if var not in getattr(_cuda, "VARIANTS", ()):
             continue
         with pytest.raises(ValueError, match="head dim"):
