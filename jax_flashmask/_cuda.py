@@ -54,7 +54,7 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #      GEMMs; FlashAttention-3's d = 64 tile), setmaxnreg 32/160 (benchmarks/NOTES_fwd_hd.md; not
 #      yet run on a GPU).
 #  13: variant 3 with key blocks of 80 at d = 256 only (instead of 64: a quarter more GEMM work per
-#      softmax step, per-block fixed costs amortized; setmaxnreg 24/240, one Q buffer, 226.6 KB of
+#      softmax step, per-block fixed costs amortized; setmaxnreg 24/240, one Q buffer, 227 KB of
 #      shared memory) (benchmarks/NOTES_fwd_hd.md; not yet run on a GPU).
 #  14: variant 3 (d = 256 only) with the query tiles handed out in pairs: in each head the order is
 #      heaviest, lightest, second heaviest, ..., a CTA runs the two tiles of a pair back to back and
