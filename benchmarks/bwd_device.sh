@@ -40,7 +40,7 @@ for st in $STAGES; do
     if [ $rc -ne 0 ]; then
       echo "variant $NEW FAILED its smoke run: dropped from tests, timing and sanitizers"
       export JFM_BWD_TEST_VARIANTS=$BASE
-      TIME_ARGS=$(echo "$TIME_ARGS" | sed -E "s/--variants $BASE $NEW( [0-9])*/--variants $BASE/")
+      TIME_ARGS=$(echo "$TIME_ARGS" | sed -E "s/--variants $BASE $NEW( [0-9]+)*/--variants $BASE/")
       SAN_ARGS="--variants $BASE"
     fi ;;
   tests_det)

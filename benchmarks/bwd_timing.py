@@ -5,14 +5,14 @@ custom call alone (forward outputs precomputed). cuDNN: jax.vjp of dot_product_a
 fwd+bwd timed, minus its forward timed alone. TFLOP/s with 2.5 x the forward FlashMask convention
 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles).
 Usage: python benchmarks/bwd_timing.py --seqs 8192 --masks full causal document --cudnn --json out.json
-       [--variants 5 6 7 10 11] [--det 0 1] (kernel variants; default and deterministic mode; 7, 11:
-       --d 64 only)
+       [--variants 5 6 7 10 11 12 13] [--det 0 1] (kernel variants; default and deterministic mode;
+       7, 11: --d 64 only; 12, 13: d 128 only)
        [--sm-margin 0 8] (SMs left free; variant 6 only, the others ignore it and run once)
        [--d 256 --heads 16] [--portable] (head dim; also time the portable XLA backward)
 Validation in the same run: every configuration of a (S, mask) is compared with the first one
 timed in the same mode (default / deterministic; e.g. `--variants 5 6`: variant 6 against 5):
 dq/dk/dv relative error (< 1e-2 or `CHECK FAILED`), and whether they are bitwise equal (expected
-for 6 and 10 vs 5, 11 vs 7: dk/dv always, dq in deterministic mode) -- the `check` field of each
+for 6, 10, 12 and 13 vs 5, 11 vs 7: dk/dv always, dq in deterministic mode) -- the `check` field of each
 row.
 cuDNN covers full, causal and sliding_window (local_window_size).
 """
@@ -65,6 +65,8 @@ def small_cases(variants=None):
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
         vs = variants or getattr(_cuda, "BWD_VARIANTS", (1,))
         vs = [x for x in vs if x not in rows128 or d == 64]  # variants 7, 11: d = 64 only
+        lockstep = tuple(getattr(_cuda, "LOCKSTEP_BWD_VARIANTS", ()))
+        vs = [x for x in vs if x not in lockstep or d != 64]  # variants 12, 13: d = 128 (256: own kernel)
         for variant in (vs[:1] if d == 256 else vs):  # d=256: one kernel for every variant
             for mode, det in ((1, False), (0, False), (1, True)):
                 # variant 6 also with 4 CTAs (sm_margin): several items per CTA, both slots
@@ -151,7 +153,7 @@ def main():
                             margin=margin: _bwd(q, k, v, b, o, l, g, None, scale=scale, dq_mode=mode,
                                                 deterministic=bool(det), variant=variant,
                                                 sm_margin=margin))
-                vr = variant if variant is not None else _cuda.resolve_bwd_variant(None, d, margin)
+                vr = variant if variant is not None else _cuda.resolve_bwd_variant(None, d, margin, bool(det))
                 tag = (f"flashmask_bwd_v{vr}"
                        f"{'_det' if det else ''}_dq{mode}{f'_m{margin}' if margin else ''}")
                 try:

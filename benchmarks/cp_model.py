@@ -86,8 +86,34 @@ def plan_for(mk, m):
 def rank_pieces(bounds, plan, need, p, compact=False):
     """[(name, local bounds [4, L], received slots)] of rank p (P = 2 ring, attention._scheduled).
 
-    compact (a what-if, not what the code does): the remote piece spans only the received chunks'
-    columns (no force-masked zero slots), and is dropped when nothing is received."""
+    compact=True (a what-if, not what the code does): the remote piece spans only the received
+    chunks' columns (no force-masked zero slots), and is dropped when nothing is received.
+    compact="spmd" (what the code does since the compaction commit, same shapes on every rank): the
+    remote piece spans the slots *any* rank receives; slots this rank does not receive stay,
+    zero-filled and force-masked."""
+    if compact == "spmd":
+        from jax_flashmask.context_parallel.localize import chunk_token_index, localize_bounds, masked_bounds
+
+        m = plan.shape[1]
+        c = S // (P * m)
+        out = []
+        for src in [p] + [q for q in range(P) if q != p]:
+            if src == p:
+                cols = chunk_token_index(plan[p], c, xp=np)
+                out.append(("local", localize_bounds(bounds, plan[p], c, columns=cols, xp=np),
+                            np.ones(m, bool)))
+                continue
+            # slot b is kept when any rank receives slot b in this round (P = 2: rank r from 1 - r)
+            anyone = np.array([any(need[r][plan[1 - r][b]] for r in range(P)) for b in range(m)])
+            if not anyone.any():
+                continue
+            rec = need[p][plan[src]][anyone]
+            cols = chunk_token_index(plan[src][anyone], c, xp=np)
+            lb = localize_bounds(bounds, plan[p], c, columns=cols, xp=np)
+            if not rec.all():
+                lb = masked_bounds(lb, np.repeat(~rec, c), m * c, xp=np)
+            out.append((f"remote<-{src}", lb, rec))
+        return out
     from jax_flashmask.context_parallel.localize import chunk_token_index, localize_bounds, masked_bounds
 
     m = plan.shape[1]
@@ -173,7 +199,60 @@ def piece_path_passes_us(lq, n_pieces, tbs):
     return fwd / (tbs * 1e6), bwd / (tbs * 1e6)
 
 
-def model_plan(mk, bounds, plan, m, coef, tbs, compact=False, verbose=True):
+def piece_path_bytes(sched, p, skipped, code="cpfast", dtype_bytes=BYTES):
+    """Bytes (read + written) of the elementwise passes rank p runs outside the attention kernels,
+    (fwd, bwd), read off the optimized GPU HLO of the m = 2 program (/work/cp_hlo, s5int) and the
+    CPU HLO of this branch (XLA:CPU, pure_callback stand-ins for the kernels; NOTES_cpfast.md).
+
+    ``sched``: the pruned P = 2 `comm.Schedule`; ``skipped``: whether rank p's remote piece is fully
+    masked (its cond takes the skip branch). A = one ``[L, N, d]`` array (L = m*C local rows), cb =
+    one chunk of K (or V) ``[C, K, d]``; everything SPMD (a rank builds the payloads of every own
+    slot any rank receives even if it sends none).
+
+    s5int: fwd: payload stack+slice 4cb per sent slot; pad/concat of the remote piece to m*C keys
+      (read 2cb per received slot, write 2A); skip: zero out (A); LSE merge (read 2A, write A).
+      bwd: skip: zero f32 dQ (2A) + zero stacked dK/dV (2A); computed: dQ -> f32 (A + 2A) and the
+      dK/dV stack (2A + 2A); slice of each transfer's dK/dV (4cb); dQ f32 sum (read 2A + A, write
+      A); dK/dV add over all rows (read 2A + 2cb per slot, write 2A).
+    cpfast: fwd: payloads 4cb per sent slot; remote piece = the kept slots (w keys; one slot: the
+      received buffer itself, else a concatenation 4w); skip: nothing (the local out/lse pass
+      through); computed: the LSE merge inside the cond (3A). bwd: skip: zero dQ in the kernel dtype
+      (A) + zero dK/dV (2w, stacked when the piece is one transfer's payload, else + a 4w stack
+      pass); computed: the dK/dV stack (4w, fused with the slices of the transfers); dQ sum inside a
+      cond: skip nothing, computed read 2A write A; dK/dV of each sent slot added in place
+      (read 2cb + 2cb, write 2cb)."""
+    m = sched.m
+    c = S // (P * m)
+    a = (m * c) * H * D * dtype_bytes
+    cb = c * H * D * dtype_bytes
+    sent = len({t.slot for t in sched.transfers if t.via == -1})
+    n_tr = len(sched.transfers)
+    remote = sched.pieces[1] if len(sched.pieces) > 1 else None
+    if code == "s5int":
+        fwd = 4 * cb * sent
+        bwd = 0
+        if remote is not None:
+            recv = sum(1 for tid in remote.slots if tid >= 0)
+            fwd += 2 * cb * recv + 2 * a + (a if skipped else 0) + 3 * a
+            bwd += (4 * a) if skipped else (3 * a + 4 * a)
+            bwd += 4 * cb * n_tr + 4 * a + (4 * a + 2 * cb * sent)
+        return fwd, bwd
+    fwd = 4 * cb * sent
+    bwd = 6 * cb * sent
+    if remote is not None:
+        kept = [tid for tid in remote.slots if tid != -2]
+        w = len(kept) * cb
+        single = len(kept) == 1 and kept[0] >= 0
+        fwd += 0 if single else 4 * w
+        if skipped:
+            bwd += a + 2 * w + (0 if single else 4 * w)
+        else:
+            fwd += 3 * a
+            bwd += 4 * w + 3 * a
+    return fwd, bwd
+
+
+def model_plan(mk, bounds, plan, m, coef, tbs, compact=False, verbose=True, passes="cpfast"):
     """Per-rank modelled compute of one plan: dict(c={5: ms, 9: ms} (max over ranks), noskip,
     fwd, mib, ranks)."""
     from jax_flashmask import context_parallel as cp
@@ -216,7 +295,12 @@ def model_plan(mk, bounds, plan, m, coef, tbs, compact=False, verbose=True):
                 line += f" v{v} {bt / 1e3:6.2f}"
             if verbose:
                 print(line + " ms")
-        pf, pb = piece_path_passes_us(lq, len(pcs), tbs)
+        if passes == "guess":  # the pre-cpfast sizing guess
+            pf, pb = piece_path_passes_us(lq, len(pcs), tbs)
+        else:
+            sched = cp.make_schedule(P, m, "ring", plan=plan, needed=need)
+            skipped = len(pcs) > 1 and fully_masked(pcs[1][1], lq)
+            pf, pb = (x / (tbs * 1e6) for x in piece_path_bytes(sched, p, skipped, passes))
         fwd_rank.append((tf + pf) / 1e3)
         for v in (5, 9):
             per_rank[v].append((tf + pf + tb[v] + pb) / 1e3)
@@ -258,7 +342,14 @@ def main() -> int:
                     help="skip the other two m = 2 plans")
     ap.add_argument("--no-compact", dest="compact", action="store_false",
                     help="skip the 'compact' what-if: a remote piece over its received chunks only")
+    ap.add_argument("--passes", choices=("cpfast", "s5int", "guess"), default="cpfast",
+                    help="elementwise passes of the piece path: this branch's (cpfast), the s5int "
+                         "program's (both read off the HLO, piece_path_bytes) or the old sizing guess")
+    ap.add_argument("--bytes-only", action="store_true",
+                    help="print the per-rank pass bytes (s5int vs cpfast) at m = 2 and 4 and exit")
     a = ap.parse_args()
+    if a.bytes_only:
+        return bytes_table(a.hbm_tbs)
 
     coef, _ = fwm.fit(D)
     print(f"forward terms (fwd_mask_model.fit, d = {D}): F = {coef[0]:.3f} us, t_blk = {coef[1]:.3f} us, "
@@ -293,8 +384,9 @@ def main() -> int:
             for compact in ((False, True) if a.compact else (False,)):
                 if pname != "balanced" and compact:
                     continue
-                r = model_plan(mk, bounds, pl, m, coef, a.hbm_tbs, compact=compact,
-                               verbose=(pname == "balanced" and not compact))
+                r = model_plan(mk, bounds, pl, m, coef, a.hbm_tbs,
+                               compact=("spmd" if a.passes == "cpfast" and not compact else compact),
+                               verbose=(pname == "balanced" and not compact), passes=a.passes)
                 tag = pname + (" compact" if compact else "")
                 summary.append((m, tag, r))
                 if not (pname == "balanced" and not compact):
@@ -302,7 +394,11 @@ def main() -> int:
                           f"received {r['mib']:.0f} MiB")
     # calibration: the model's residual on the measured v5 points (one GPU; CP m = 2 compute alone)
     k1 = np.mean(MEAS["one_gpu_fwdbwd"]) / one[5]
-    kcp = MEAS[2]["compute"] / next(r["c"][5] for m, t, r in summary if m == 2 and t == "balanced")
+    # calibrate against the code that was measured (MEAS: full-width pieces, the s5int passes)
+    plan2, _, _ = plan_for(mk, 2)
+    meas_code = model_plan(mk, bounds, plan2, 2, coef, a.hbm_tbs, compact=False, verbose=False,
+                           passes="s5int" if a.passes != "guess" else "guess")
+    kcp = MEAS[2]["compute"] / meas_code["c"][5]
     print(f"\n== prediction (exposed comm = PGLE m = 2's {MEAS[2]['total'] - MEAS[2]['compute']:.2f} ms "
           f"scaled by received bytes; speedup raw = model / model, cal = one GPU x {k1:.3f} and CP x {kcp:.3f}, "
           f"the v5 residuals) ==")
@@ -320,6 +416,30 @@ def main() -> int:
                   f"{cal:6.3f}x {100 * (1 - expo / comm):6.1f}% {mib:5.0f}")
     print(f"1.85x needs, with v9 and the calibrated one GPU ({one[9] * k1:.1f} ms): total <= "
           f"{one[9] * k1 / 1.85:.1f} ms")
+    return 0
+
+
+def bytes_table(tbs):
+    """Per-rank elementwise pass bytes, s5int vs cpfast, for the benchmark's plans (m = 2, 4)."""
+    from jax_flashmask import context_parallel as cp
+
+    mk, bounds = mask_bounds()
+    print(f"elementwise passes per rank (GiB, ms at {tbs} TB/s), causal_document S = {S}")
+    for m in (2, 4):
+        plan, need, _ = plan_for(mk, m)
+        sched = cp.make_schedule(P, m, "ring", plan=plan, needed=need)
+        print(f"m = {m}: plan {plan.tolist()}, remote slots {[pc.slots for pc in sched.pieces[1:]]}")
+        for p in range(P):
+            pcs = rank_pieces(bounds, plan, need, p, compact="spmd")
+            skipped = len(pcs) > 1 and fully_masked(pcs[1][1], m * (S // (P * m)))
+            row = []
+            for code in ("s5int", "cpfast"):
+                f, b = piece_path_bytes(sched, p, skipped, code)
+                row.append((f / 2 ** 30, b / 2 ** 30, (f + b) / (tbs * 1e9)))
+            (f0, b0, t0), (f1, b1, t1) = row
+            print(f"  rank {p} ({'skips' if skipped else 'computes'} its remote piece): s5int fwd {f0:.2f} + "
+                  f"bwd {b0:.2f} GiB = {t0:.2f} ms; cpfast fwd {f1:.2f} + bwd {b1:.2f} GiB = {t1:.2f} ms; "
+                  f"saved {t0 - t1:.2f} ms")
     return 0
 
 

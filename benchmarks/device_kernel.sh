@@ -79,11 +79,15 @@ rng = np.random.default_rng(0)
 variants = [int(x) for x in os.environ.get("JFM_SAN_VARIANTS", "2,3,4").split(",")]
 cases = [(129, 200, 2, 128, jnp.bfloat16), (65, 70, 2, 256, jnp.float16), (1, 130, 2, 64, jnp.bfloat16),
          (1100, 1100, 32, 64, jnp.bfloat16),   # 9 x 32 = 288 tiles > 132 SMs (persistent loop)
-         (1100, 1100, 16, 128, jnp.bfloat16)]  # 144 tiles, d = 128 (variants 6 and 7)
+         (1100, 1100, 16, 128, jnp.bfloat16),  # 144 tiles, d = 128 (variant 6)
+         (300, 12400, 2, 128, jnp.bfloat16),   # 97 key blocks = 4 groups: variant 7's group walk
+         (200, 9000, 2, 256, jnp.float16)]     # 141 blocks of 64 = 5 groups at d = 256
 for (Sq, Sk, N, d, dt) in cases:
     q = jnp.asarray(rng.standard_normal((1, Sq, N, d)), dt)
     k = jnp.asarray(rng.standard_normal((1, Sk, 1, d)), dt)
     b = np.zeros((1, 1, 4, Sk), np.int32); b[:, :, 0] = rng.integers(0, Sq + 1, Sk); b[:, :, 1] = Sq
+    if Sk > 8192:  # whole groups of fully masked columns, so the group walk skips some
+        b[:, :, 0, 2000:Sk - 3000] = 0
     for var in variants:
         if not getattr(_cuda, "variant_supported", lambda *a: True)(var, dt, d):
             continue

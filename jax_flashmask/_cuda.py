@@ -49,6 +49,11 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
+# Default by key length (H200 2026-12-01, s5 run 1, d = 128, v3 -> v7 TFLOP/s): at 128K the group
+# walk wins (full 591 -> 599, sliding_window 519 -> 555, causal_document 520 -> 553,
+# share_question 349 -> 563; prefix_lm_document 506 -> 463 the exception); at 32K it is a wash
+# (sliding_window 513 -> 452, share_question 390 -> 440, the rest within +-5 %), so 3 below
+# LONG_KEYS keys.
 #  12: variant 3 with three consumer warpgroups, d = 64 only: 192-row query tiles, key blocks of 128,
 #      GEMM issue in a round robin over the three warpgroups (each softmax under the two others'
 #      GEMMs; FlashAttention-3's d = 64 tile), setmaxnreg 32/160 (benchmarks/NOTES_fwd_hd.md; not
@@ -66,6 +71,7 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 GROUP_SCAN_VARIANT = 7
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, 12, 13, 14, 15)
 DEFAULT_VARIANT = 3
+LONG_KEYS = 65536  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 # Variants compiled for one head dim only (variant -> head dim); forward() raises ValueError for
 # the others. Every other variant is compiled for 64, 128 and 256.
@@ -181,11 +187,12 @@ def check_variant_head_dim(variant: int, head_dim: int) -> None:
                          f"got d = {head_dim}; use variant 3 (the default) or None")
 
 
-def resolve_variant(variant: int | None) -> int:
-    """The forward kernel variant `forward(..., variant=variant)` runs (None: DEFAULT_VARIANT);
-    ValueError for one that is not compiled. Needs neither the extension nor a GPU."""
+def resolve_variant(variant: int | None, num_keys: int = 0) -> int:
+    """The forward kernel variant `forward(..., variant=variant)` runs on `num_keys` keys (None:
+    GROUP_SCAN_VARIANT from LONG_KEYS keys on, else DEFAULT_VARIANT); ValueError for one that is not
+    compiled. Needs neither the extension nor a GPU."""
     if variant is None:
-        return DEFAULT_VARIANT
+        return GROUP_SCAN_VARIANT if int(num_keys) >= LONG_KEYS else DEFAULT_VARIANT
     if int(variant) not in VARIANTS:
         raise ValueError(f"unknown forward kernel variant {variant}; valid: "
                          f"{', '.join(map(str, VARIANTS))}, or None (variant {DEFAULT_VARIANT})")
@@ -199,16 +206,17 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 12-15; the default is 3) leave free, e.g.
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 12-15; the default is 3, 7 from
+    LONG_KEYS keys on) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     """
     mod, reason = _load()
     if mod is None:
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
-    variant = resolve_variant(variant)
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
+    variant = resolve_variant(variant, Sk)
     check_variant_head_dim(variant, d)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
@@ -296,6 +304,15 @@ DEFAULT_BWD_DQ_MODE = 1
 #      visible tiles run an exp loop without any mask test. Same products as 5: dK/dV (and dQ in
 #      deterministic mode) bitwise equal (benchmarks/NOTES_bwd_walkall.md; not yet run on a GPU).
 #  11: variant 7 (128-row query tiles, d = 64 only) with the same mask; bitwise equal to 7.
+#  12: variant 5 with the two consumer warpgroups in lock-step instead of ping-pong, d = 128 only
+#      (ValueError at d = 64; d = 256 runs its own kernel for every variant number): per tile each
+#      warpgroup issues S and dP back to back, runs the exp under dP, then issues dV, stores dS,
+#      meets the other warpgroup at one named barrier, issues dQ and dK behind it with one GEMM
+#      group always in flight (the dQ tile's smem store and the next tile's walk run under dK):
+#      FlashAttention-3's Hopper order (benchmarks/NOTES_bwd_full.md; not yet run on a GPU).
+#      Same products per element as 5 in the same order: dK/dV bitwise equal to 5 (dQ too in
+#      deterministic mode).
+#  13: variant 12 with variant 10's element mask of partial tiles; bitwise equal to 12.
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -311,42 +328,57 @@ DEFAULT_BWD_DQ_MODE = 1
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
-# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 7 at d = 64, 5 at d = 128 and (nominal) 256.
+# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 10 at d = 128, (nominal) 5 at 256.
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
-MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7}  # variant -> the variant it is bitwise equal to
+MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12}  # variant -> the variant it is bitwise equal to
+LOCKSTEP_BWD_VARIANTS = (12, 13)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 DEFAULT_BWD_VARIANT = 5  # the default at d = 128 (and d = 256's nominal number). H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
                          # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
                          # Variant 6 (session 3, runs 1-2): 62 GPU tests, sanitizers clean, dK/dV
                          # bitwise = 5, but full 402 / causal 384 (-10 % / -7 %); sliding_window
                          # +2.6 %.
-DEFAULT_BWD_VARIANTS = {64: BWD_ROWS128_VARIANT, 128: DEFAULT_BWD_VARIANT, 256: DEFAULT_BWD_VARIANT}
+# Defaults: the mask-in-registers twins (H200 2026-12-01, s5 run 1, 32K, B = 4, H = 32, dK/dV
+# bitwise equal to the twin): d = 128 variant 10 vs 5 sliding_window 367 -> 386, causal_document
+# 370 -> 385, share_question 311 -> 341, random_eviction 400 -> 472 TFLOP/s; d = 64 variant 11 vs 7
+# full 392 -> 439, causal 396 -> 430, sliding_window 306 -> 345, causal_document 284 -> 343,
+# share_question 238 -> 278.
+DEFAULT_BWD_VARIANTS = {64: 11, 128: 10, 256: DEFAULT_BWD_VARIANT}
+# Deterministic mode at d = 128 keeps variant 5: there 10 is the slower one (s5 run 3, 32K:
+# full 426 vs 406, causal 442 vs 424 TFLOP/s, bitwise the same gradients).
+DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DEFAULT_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
-def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0) -> int:
+def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
+                        deterministic: bool = False) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (7 at d = 64, 5 at d = 128 and 256). ValueError for a variant that
-    is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 10 at d = 128, 5 at 256), or
+    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (5 at d = 128). ValueError for a variant
+    that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
         if int(sm_margin) > 0:
             return PERSISTENT_BWD_VARIANT
-        return DEFAULT_BWD_VARIANTS.get(head_dim, DEFAULT_BWD_VARIANT)
+        defaults = DEFAULT_DET_BWD_VARIANTS if deterministic else DEFAULT_BWD_VARIANTS
+        return defaults.get(head_dim, DEFAULT_BWD_VARIANT)
     variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; valid: "
                          f"{', '.join(map(str, BWD_VARIANTS))}, or None (the default for the head dim)")
     if variant in BWD_ROWS128_VARIANTS and head_dim == 128:  # (d = 256: one kernel for every variant)
         raise ValueError(f"backward kernel variant {variant} (128-row query tiles) is d = 64 only, "
+                         f"got d = {head_dim}")
+    if variant in LOCKSTEP_BWD_VARIANTS and head_dim == 64:  # (d = 256: one kernel for every variant)
+        raise ValueError(f"backward kernel variant {variant} (lock-step consumers) is d = 128 only, "
                          f"got d = {head_dim}")
     return variant
 
@@ -369,11 +401,13 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 7 at d = 64 and 5 at d = 128 (resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 10 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
-    the element mask of partial tiles from registers (bitwise the same gradients).
+    the element mask of partial tiles from registers (bitwise the same gradients). variant=12 / 13
+    (d = 128 only; ValueError at d = 64): variant 5 / 10 with lock-step consumer warpgroups
+    (bitwise the same dK/dV as 5).
     """
     mod, reason = _load()
     if mod is None:
@@ -388,8 +422,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     if dq_mode not in BWD_DQ_MODES:
         raise ValueError(f"dq_mode must be one of {BWD_DQ_MODES}")
     sm_margin = _check_sm_margin(sm_margin)
-    variant = resolve_bwd_variant(variant, d, sm_margin)
     deterministic = _check_deterministic(deterministic)
+    variant = resolve_bwd_variant(variant, d, sm_margin, deterministic)
     if deterministic and dq_mode != 1:
         raise ValueError("deterministic=True needs dq_mode=1 (ordered bulk reduction of dQ)")
     bounds = bounds.astype(jnp.int32)

@@ -474,8 +474,130 @@ def group_pieces():
     log("pieces inside a user shard_map ok")
 
 
+def group_compact():
+    """Compact pieces of pruned schedules: a chunk slot nobody receives in a piece (slot id -2) is
+    left out of that piece. Exact vs one device (out, lse, grads) for masks where such slots exist,
+    P = 2 and 4 (fused pieces, autodiff merge, pruned all-gather), and the traced key widths of the
+    pieces are the kept slots' only (< m*C for at least one piece)."""
+    from jax_flashmask.context_parallel import pieces as pieces_mod
+
+    widths = []
+    orig = pieces_mod.piece_attention
+
+    def recording(q, kvs, lbs, cfg):
+        widths.append([(int(kv[0].shape[1] if isinstance(kv, (tuple, list)) else kv.shape[2]),
+                        int(lb.shape[-1])) for kv, lb in zip(kvs, lbs)])
+        return orig(q, kvs, lbs, cfg)
+
+    pieces_mod.piece_attention = recording
+    try:
+        q, k, v, co, cl = inputs(5)
+        ref = reference_fn()
+        for P, m, name in ((2, 4, "causal_document"), (4, 2, "causal_document"), (4, 4, "share_question")):
+            mesh = Mesh(np.array(jax.devices()[:P]), ("cp",))
+            ind = single_mask(name)
+            r = block(ref(q, k, v, jnp.asarray(ind), co, cl))
+            plan = cp.balanced_plan(cp.chunk_workloads(ind, P * m, tile_q=16, tile_k=16), P).plan
+            sch = cp.make_schedule(P, m, "ring", plan=plan, needed=cp.needed_chunks(ind, plan))
+            dropped = [sum(t == -2 for t in pc.slots) for pc in sch.pieces]
+            assert sum(dropped) > 0, f"{name} P={P} m={m}: no slot pruned for all ranks (test needs one)"
+            c = S // (P * m)
+            for comm, kw in (("ring", dict()), ("ring", dict(piece_vjp=False)), ("allgather", dict())):
+                def fwd(q, k, v, ind, plan, co, cl, comm=comm, kw=kw):
+                    qp, kp, vp = (cp.permute_tokens(x, plan) for x in (q, k, v))
+                    o, lse = cp.context_parallel_attention(
+                        qp, kp, vp, ind, plan=plan, mesh=mesh, axis_name="cp", comm=comm,
+                        schedule=sch, return_residual=True, implementation=IMPL, **kw)
+                    o, lse = cp.unpermute_tokens(o, plan), cp.unpermute_tokens(lse, plan)
+                    return loss_terms(o, lse, co, cl), (o, lse)
+
+                widths.clear()
+                f = jax.jit(jax.value_and_grad(fwd, argnums=(0, 1, 2), has_aux=True))
+                got = block(f(q, k, v, jnp.asarray(ind), jnp.asarray(plan), co, cl))
+                err = compare(f"compact P={P} m={m} {name} {comm} {kw}", got, r)
+                if comm == "ring" and not kw:
+                    assert widths, "the fused piece path was not traced"
+                    want = [(m - d) * c for d in dropped]
+                    got_w = [kw_ for kw_, _ in widths[0]]
+                    assert got_w == want and all(lw == kw_ for kw_, lw in widths[0]), \
+                        f"compact P={P} m={m} {name}: piece key widths {widths[0]}, want {want}"
+                    assert min(got_w) < m * c
+                log(f"compact P={P} m={m} {name} {comm} {kw}: ok (err {err:.1e}, dropped slots per "
+                    f"piece {dropped})")
+    finally:
+        pieces_mod.piece_attention = orig
+
+
+def group_passthrough():
+    """The skip branches of the fused pieces pass results through (`pieces._pieces`: the LSE merge
+    and the dQ sum of a skippable piece happen inside its ``lax.cond``; skipped, the running out /
+    lse / dQ are returned as they are). Plans where one rank's remote piece is fully masked (skipped)
+    and another rank's is not: out, lse, dq, dk, dv equal one device (reference and xla kernels,
+    pruned and dense schedules, P = 2 and a P = 4 chain with f32 intermediates); in bf16 the P = 2
+    program equals the same program without the skip (``skip_masked=False``: every piece computed,
+    one n-way merge) bit for bit. A skip branch returning zeros instead would fail all of these."""
+    q, k, v, co, cl = inputs(6)
+    name = "causal_document"
+    ind = single_mask(name)
+    for P, m, plan in ((2, 2, np.array([[0, 1], [2, 3]])), (4, 1, np.arange(4)[:, None])):
+        mesh = Mesh(np.array(jax.devices()[:P]), ("cp",))
+        need = cp.needed_chunks(ind, plan)
+        # rank 0 (the first chunks) needs nothing later (causal): every remote piece is skipped;
+        # the last rank needs earlier chunks: at least one remote piece is computed
+        assert not need[0][plan[1:].ravel()].any(), need
+        assert need[P - 1][plan[:P - 1].ravel()].any(), need
+        schedules = [("pruned", cp.make_schedule(P, m, "ring", plan=plan, needed=need)),
+                     ("dense", cp.make_schedule(P, m, "ring"))]
+        for impl in ("reference", "xla"):
+            def ref_fn(q, k, v, ind, co, cl, impl=impl):
+                o, lse = jf.attention(q, k, v, ind, return_residual=True, implementation=impl)
+                return loss_terms(o, lse, co, cl), (o, lse)
+
+            r = block(jax.jit(jax.value_and_grad(ref_fn, argnums=(0, 1, 2), has_aux=True))(
+                q, k, v, jnp.asarray(ind), co, cl))
+            for sname, sch in schedules:
+                for kw in (dict(), dict(skip_masked=False)):
+                    def fwd(q, k, v, ind, plan, co, cl, kw=kw, sch=sch, mesh=mesh, impl=impl):
+                        qp, kp, vp = (cp.permute_tokens(x, plan) for x in (q, k, v))
+                        o, lse = cp.context_parallel_attention(
+                            qp, kp, vp, ind, plan=plan, mesh=mesh, axis_name="cp", comm="ring",
+                            schedule=sch, return_residual=True, implementation=impl, **kw)
+                        o, lse = cp.unpermute_tokens(o, plan), cp.unpermute_tokens(lse, plan)
+                        return loss_terms(o, lse, co, cl), (o, lse)
+
+                    f = jax.jit(jax.value_and_grad(fwd, argnums=(0, 1, 2), has_aux=True))
+                    got = block(f(q, k, v, jnp.asarray(ind), jnp.asarray(plan), co, cl))
+                    err = compare(f"passthrough P={P} m={m} {impl} {sname} {kw}", got, r)
+                    log(f"passthrough P={P} m={m} {impl} {sname} {kw}: ok (err {err:.1e})")
+    # bf16, P = 2: skipping (pass-through) == computing the fully masked piece and merging it
+    P, m, plan = 2, 2, np.array([[0, 1], [2, 3]])
+    mesh = Mesh(np.array(jax.devices()[:P]), ("cp",))
+    sch = cp.make_schedule(P, m, "ring", plan=plan, needed=cp.needed_chunks(ind, plan))
+    qb, kb, vb, cob = (x.astype(jnp.bfloat16) for x in (q, k, v, co))
+    outs = []
+    for kw in (dict(), dict(skip_masked=False)):
+        def fwd(q, k, v, ind, plan, co, cl, kw=kw):
+            o, lse = cp.context_parallel_attention(
+                q, k, v, ind, plan=plan, mesh=mesh, axis_name="cp", comm="ring", schedule=sch,
+                return_residual=True, implementation="xla", **kw)
+            return loss_terms(o.astype(jnp.float32), lse, co.astype(jnp.float32), cl), (o, lse)
+
+        f = jax.jit(jax.value_and_grad(fwd, argnums=(0, 1, 2), has_aux=True))
+        qp, kp, vp = (cp.permute_tokens(x, plan) for x in (qb, kb, vb))
+        outs.append(block(f(qp, kp, vp, jnp.asarray(ind), jnp.asarray(plan), cob, cl)))
+    (_, (o1, l1)), g1 = outs[0]
+    (_, (o2, l2)), g2 = outs[1]
+    assert o1.dtype == jnp.bfloat16 and g1[0].dtype == jnp.bfloat16
+    for tag, a, b in (("out", o1, o2), ("lse", l1, l2), ("dq", g1[0], g2[0]), ("dk", g1[1], g2[1]),
+                      ("dv", g1[2], g2[2])):
+        assert np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32)), \
+            f"bf16 skip pass-through differs from the computed piece in {tag}"
+    log("passthrough bf16 P=2: skip == computed fully masked piece, bit for bit")
+
+
 GROUPS = {"pieces": group_pieces, "host": group_host, "cp2": lambda: group_cp(2), "cp4": lambda: group_cp(4),
-          "cp8": lambda: group_cp(8), "hier": group_hier, "api": group_api}
+          "cp8": lambda: group_cp(8), "hier": group_hier, "api": group_api,
+          "compact": group_compact, "passthrough": group_passthrough}
 
 if __name__ == "__main__":
     for g in sys.argv[1:]:

@@ -263,26 +263,37 @@ def test_cuda_kernel_variant_resolution():
     if att._cuda is None:
         pytest.skip("jax_flashmask._cuda not importable")
     _cuda = att._cuda
-    assert _cuda.resolve_bwd_variant(None, 64) == 7  # 128-row query tiles at d = 64
-    assert _cuda.resolve_bwd_variant(None, 128) == 5  # (the O(1) tile walk of the old 9 in every variant)
+    assert _cuda.resolve_bwd_variant(None, 64) == 11  # 128-row query tiles, mask in registers
+    assert _cuda.resolve_bwd_variant(None, 128) == 10  # variant 5 with the mask in registers
     assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
+    assert _cuda.resolve_bwd_variant(None, 128, deterministic=True) == 5  # 10 is slower there
+    assert _cuda.resolve_bwd_variant(None, 64, deterministic=True) == 11
     for d in (64, 128, 256):  # a margin needs the persistent variant, at every head dim
         assert _cuda.resolve_bwd_variant(None, d, sm_margin=8) == 6
         assert _cuda.resolve_bwd_variant(5, d, sm_margin=8) == 5
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13}
+    # 12 / 13: lock-step consumer warpgroups (5 / 10 otherwise), d = 128 only (256: own kernel)
+    assert _cuda.resolve_bwd_variant(12, 128) == 12 and _cuda.resolve_bwd_variant(13, 128) == 13
+    assert _cuda.resolve_bwd_variant(12, 256) == 12
+    for v in (12, 13):
+        with pytest.raises(ValueError, match="d = 128 only"):
+            _cuda.resolve_bwd_variant(v, 64)
+    assert _cuda._bwd_block_m(128, 12) == 64 and _cuda.MASK_REGS_BWD_VARIANTS[13] == 12
     # 10 / 11: variant 5 / 7 with the element mask from registers; 11 has 128-row tiles (d = 64)
     assert _cuda.resolve_bwd_variant(10, 128) == 10 and _cuda.resolve_bwd_variant(11, 64) == 11
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(11, 128)
     assert [_cuda._bwd_block_m(64, v) for v in (5, 7, 10, 11)] == [64, 128, 64, 128]
     assert _cuda._bwd_block_m(256, 11) == 64 and _cuda._bwd_block_m(128, 10) == 64
-    for removed in (1, 4, 8, 9, 12):
+    for removed in (1, 4, 8, 9, 14):
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3
+    assert _cuda.resolve_variant(None, 32768) == 3 and _cuda.resolve_variant(None, 65536) == 7
+    assert _cuda.resolve_variant(3, 131072) == 3
     assert _cuda.resolve_variant(6) == 6
     assert _cuda.resolve_variant(7) == 7  # the two-level block walk (the number of a removed one reused)
     for d in (64, 128, 256):

@@ -281,3 +281,18 @@ def test_bwd_mask_bits_check():
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)
     assert model.mask_check(cases=5000) == 0
+
+
+def test_bwd_lockstep_model_runs():
+    """benchmarks/bwd_lockstep_model.py (the timeline model of NOTES_bwd_full.md): both consumer
+    schedules run to completion without a barrier deadlock, neither beats the tensor floor of
+    2,560 cycles per tile, and at the default parameters the lock-step schedule (variant 12) is
+    faster than the ping-pong (variant 5), as the notes state."""
+    spec = importlib.util.spec_from_file_location("bwd_lockstep_model",
+                                                  ROOT / "benchmarks" / "bwd_lockstep_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    kw = dict(ss_slow=1.2, rs_slow=1.0, start=40, done=150, ipc=0.27)
+    c5, _ = model.per_tile(model.prog_v5, 8, **kw)
+    c12, _ = model.per_tile(model.prog_v12, 8, **kw)
+    assert 2560 < c12 < c5, (c5, c12)

@@ -18,6 +18,11 @@ Groups:
   pieces the scheduled ring's custom-VJP piece merge: exact vs one device (reference and xla
         kernels, m = 2 and 4), the autodiff merge, per-piece SM margins, scheduling hints,
         inside a user shard_map
+  compact pruned schedules' compact pieces (slots nobody receives left out): exact vs one device
+        at P = 2 and 4, and the traced piece key widths are the kept slots' only
+  passthrough
+        the fused pieces' skip branches pass out / lse / dQ through: plans where one rank's remote
+        piece is skipped and another's is not, exact vs one device; bf16 skip == no skip bitwise
   api   a raw causal FlashMask, mask=None, and a call inside the user's own shard_map
         (check_vma=True)
 """
@@ -77,3 +82,11 @@ def test_api_modes():
 
 def test_scheduled_pieces_custom_vjp():
     _run("pieces")
+
+
+def test_compact_pruned_pieces():
+    _run("compact")
+
+
+def test_skip_passthrough():
+    _run("passthrough")

@@ -21,8 +21,6 @@ NB_MODULE(_flashmask_cuda, m) {
     cudaRuntimeGetVersion(&v);
     return v;
   });
-  // forward kernel variants compiled in (see jax_flashmask/_cuda.py)
-  m.attr("forward_variants") = nb::make_tuple(1, 2, 3);
   // backward configurations compiled in, "dtype_dHEAD" (see jax_flashmask/_cuda.py)
   m.attr("backward_configs") = nb::str(jfm::bwd_compiled_configs());
 }

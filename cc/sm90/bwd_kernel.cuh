@@ -53,6 +53,7 @@ struct BwdTraits {
   static constexpr int kDqBufs = 2;  // fp32 dQ tiles in smem
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
+  static constexpr bool kLockstep = false;  // true: variants 12 / 13 (BwdLockstep)
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
@@ -147,6 +148,21 @@ struct BwdTraits {
 template <class Base>
 struct BwdMaskRegs : Base {
   static constexpr bool kMaskRegs = true;
+};
+
+// Variants 12 / 13 (d = 128, Bm = 64 only): variant 5 / 10's kernel with the two consumer
+// warpgroups in lock-step instead of ping-pong, and each warpgroup's GEMMs of a tile kept in flight
+// back to back (FlashAttention-3's Hopper backward order; benchmarks/NOTES_bwd_full.md). Per tile:
+// S, dP issued; exp under dP; dS; dV issued; dS stored; one 256-thread named barrier (both halves
+// of the dS tile stored); dQ issued; wait<1> (dV done); dK issued; wait<1> (dQ done); dQ tile to
+// smem under dK; wait<0>. The dQ of a tile is computed in its own iteration (not two tiles
+// later), no ds_full / ds_empty mbarriers, no GEMM turns, and no tile walk in the consumers: the
+// TMA lane publishes each tile's (m, g, partial, last) with its Q/dO stage.
+template <class Base>
+struct BwdLockstep : Base {
+  static constexpr bool kLockstep = true;
+  static_assert(Base::D == 128 && Base::Bm == 64 && !Base::kPersist,
+                "lock-step consumers: d = 128, 64-row tiles, one CTA per work item");
 };
 
 struct BwdArgs {
@@ -398,8 +414,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Barrier::init(&ss.empty[s], kConsumers);
       Barrier::init(&ss.dq_full[s], kConsumers);
       Barrier::init(&ss.dq_empty[s], 1);
-      Barrier::init(&ss.x.ds_full[s], kConsumers);
-      Barrier::init(&ss.x.ds_empty[s], kConsumers);
+      if constexpr (!T::kLockstep) {
+        Barrier::init(&ss.x.ds_full[s], kConsumers);
+        Barrier::init(&ss.x.ds_empty[s], kConsumers);
+      }
     }
     Barrier::init(&ss.kv_full, 1);
     cutlass::arch::fence_barrier_init();
@@ -414,6 +432,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   int g = 0, m = 0;
   bool partial = false;
   bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  // Variants 12 / 13: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
+  // slot [stage] before its `full` arrive (release; the consumers read it after their `full`
+  // wait and before their `empty` arrive), so the consumers run no tile walk of their own. The
+  // slots live in the dS mbarriers' storage, unused (not initialized) in these variants.
+  static_assert(sizeof(ss.x.ds_full) >= S * sizeof(int2), "tile-info slots");
+  int2* tinfo = reinterpret_cast<int2*>(&ss.x.ds_full[0]);
 
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
@@ -443,6 +467,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                           group_modes<0, 2>(gQ));
           auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          // variants 12 / 13: the next kept tile first, so that this one's slot says if it is the last
+          int gn = g, mn = m + 1;
+          bool pn = false, more = false;
+          if constexpr (T::kLockstep) {
+            more = bwd_find_kept<Bm, Bn>(a, b, hk, n, gn, mn, pn);
+            const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
+            asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
+                             cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
+                         : "memory");
+          }
           Barrier::arrive_and_expect_tx(&ss.full[stage],
                                         2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
           copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
@@ -454,8 +488,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
                                    Bm * (int)sizeof(float));
           if (++stage == S) { stage = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          if constexpr (T::kLockstep) {
+            g = gn;
+            m = mn;
+            partial = pn;
+            have = more;
+          } else {
+            ++m;
+            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          }
         }
       }
     } else if (warp == 1) {
@@ -597,26 +638,43 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   if (have) {
     pp_wait(&ss.kv_full, 0);
-    if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
+    if constexpr (!T::kLockstep) {
+      if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
+    }
     // Tile t uses Q/dO stage, dS buffer and dQ buffer t % 2, with parity (t / 2) % 2. No wgmma
     // group is in flight across the loop's back edge (ptxas would serialize them).
     int t = 0;
     int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
     while (true) {
       const int st = t & 1, par = (t >> 1) & 1;
-      // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t
-      turn_begin();
-      if (t >= 2) {
-        // both warpgroups stored their dS of tile t-2 before their previous section
-        pp_wait(&ss.x.ds_full[st], par ^ 1);
-        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        const int64_t off = (int64_t)lin2 * (Bm * D);
-        pp_arrive(&ss.x.ds_empty[st]);
-        put_dq(st, par ^ 1, off);
+      // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t (variants 12 / 13: S/dP only,
+      // no turn)
+      if constexpr (!T::kLockstep) {
+        turn_begin();
+        if (t >= 2) {
+          // both warpgroups stored their dS of tile t-2 before their previous section
+          pp_wait(&ss.x.ds_full[st], par ^ 1);
+          wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+          const int64_t off = (int64_t)lin2 * (Bm * D);
+          pp_arrive(&ss.x.ds_empty[st]);
+          put_dq(st, par ^ 1, off);
+        }
       }
       pp_wait(&ss.full[st], par);
+      bool last = false;
+      if constexpr (T::kLockstep) {  // this tile's (m, g, partial, last) from the TMA lane
+        int im, ig;
+        asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n"
+                     : "=r"(im), "=r"(ig)
+                     : "r"(cute::cast_smem_ptr_to_uint(&tinfo[st]))
+                     : "memory");
+        m = im;
+        g = ig & 0x3fffffff;
+        partial = (ig >> 30) & 1;
+        last = ig < 0;
+      }
       sdp_gemms(st);
-      turn_end(false);
+      if constexpr (!T::kLockstep) turn_end(false);
 
       // ---- math of tile t (under the other warpgroup's section)
       int row_b, col_b, wg_b;
@@ -723,40 +781,66 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
         }
       }
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-      // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
-      pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
-      pp_fence_async_smem();
-      pp_arrive(&ss.x.ds_full[st]);
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tPrP);
-      warpgroup_fence_operand(tPrdS);
-      pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-      lin2 = lin1;
-      lin1 = (b * a.N + h) * a.mblk + m;
+      if constexpr (!T::kLockstep) {
+        wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+        // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
+        pp_wait(&ss.x.ds_empty[st], par ^ 1);
+        store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
+        pp_fence_async_smem();
+        pp_arrive(&ss.x.ds_full[st]);
+        wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tdKrdK);
+        warpgroup_fence_operand(tPrP);
+        warpgroup_fence_operand(tPrdS);
+        pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+        lin2 = lin1;
+        lin1 = (b * a.N + h) * a.mblk + m;
 
-      ++m;
-      have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-      if (!have) break;
-      ++t;
-    }
-    // ---- last section: dQ GEMMs of tiles t-1 and t
-    turn_begin();
-    CUTE_UNROLL
-    for (int u = 1; u >= 0; --u) {
-      const int tu = t - u;
-      if (tu >= 0) {
-        const int st = tu & 1, par = (tu >> 1) & 1;
-        pp_wait(&ss.x.ds_full[st], par);
-        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
+        ++m;
+        have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        if (!have) break;
+        ++t;
+      } else {
+        // Variants 12 / 13: dV, dQ and dK of tile t issued back to back, one group in flight
+        // behind each wait. dS buffer st was last read by the dQ GEMMs of tile t-2, which both
+        // warpgroups retired (wait<1> below) before they reached the dS barrier of tile t-1.
+        wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+        store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
+        pp_fence_async_smem();
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
+        wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+        warpgroup_wait<1>();  // dV retired: P's registers are free
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tPrP);
+        wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+        warpgroup_wait<1>();  // dQ retired (dK in flight)
+        warpgroup_fence_operand(tdQrdQ);
+        put_dq(st, par, ((int64_t)(b * a.N + h) * a.mblk + m) * (Bm * D));
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdKrdK);
+        warpgroup_fence_operand(tPrdS);
+        pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+        if (last) break;
+        ++t;
       }
     }
-    turn_end(true);
+    if constexpr (!T::kLockstep) {
+      // ---- last section: dQ GEMMs of tiles t-1 and t
+      turn_begin();
+      CUTE_UNROLL
+      for (int u = 1; u >= 0; --u) {
+        const int tu = t - u;
+        if (tu >= 0) {
+          const int st = tu & 1, par = (tu >> 1) & 1;
+          pp_wait(&ss.x.ds_full[st], par);
+          wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+          put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
+        }
+      }
+      turn_end(true);
+    }
   }
 
   Elem* dk = reinterpret_cast<Elem*>(a.dk);
@@ -1435,7 +1519,16 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10 or 11";
+  if (p.variant == 12 || p.variant == 13) {
+    if constexpr (D == 128) {
+      if (p.variant == 12) return launch_bwd_impl<BwdLockstep<BwdTraits<Elem, D>>>(p, stream, err);
+      return launch_bwd_impl<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>(p, stream, err);
+    } else {
+      if (err) *err = "flashmask sm90 backward: kernel variants 12 / 13 (lock-step consumers) are d = 128 only";
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12 or 13";
   return cudaErrorInvalidValue;
 }
 

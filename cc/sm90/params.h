@@ -78,7 +78,9 @@ struct BwdParams {
   int variant;          // 5: warp specialized, ping-pong consumer warpgroups; 6: variant 5 on a
                         // persistent grid; 7: variant 5 with 128-row query tiles (d = 64 only:
                         // Sq_pad, dq_sem and the tile count at 128 rows); 10 / 11: variant 5 / 7
-                        // with the element mask from registers (bwd_kernel.cuh BwdMaskRegs)
+                        // with the element mask from registers (bwd_kernel.cuh BwdMaskRegs);
+                        // 12 / 13: variant 5 / 10 with lock-step consumer warpgroups (d = 128
+                        // only; bwd_kernel.cuh BwdLockstep)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

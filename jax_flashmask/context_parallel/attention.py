@@ -33,8 +33,10 @@ reverse ``ppermute``, of ``all_gather`` a reduce-scatter, so dK/dV travel the fo
 
 A pruned schedule is a static, hashable argument built from the *concrete* mask and plan
 (`comm.needed_chunks`): a mask/plan whose needed-pattern differs needs a new schedule and
-recompiles; mask values with the same pattern do not. Un-received (pruned) slots arrive as zeros
-and their columns are force-masked (never NaN), but a schedule built for a *different* mask
+recompiles; mask values with the same pattern do not. A chunk slot that no rank receives in a
+piece is left out of that piece (the pieces are compact: their key width is the kept slots' only);
+a slot that some ranks receive and others do not arrives as zeros on the latter and its columns
+are force-masked there (never NaN), but a schedule built for a *different* mask
 silently drops chunks that mask needs: always build it from the mask you pass.
 """
 
@@ -312,6 +314,33 @@ def _hint_directions(schedule_hints):
     return table[schedule_hints]
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _own_kv(k, v, slots, c):
+    """``((k, v), payloads)``: k and v unchanged, and per own chunk slot s in `slots` the stacked
+    ``[2, B, C, K, d]`` K/V of tokens ``s*C .. s*C+C-1`` (one ppermute's payload).
+
+    Its backward adds each payload's cotangent (the dK/dV the receivers send back) into the rows of
+    its slot of dk / dv with ``.at[].add`` (an in-place dynamic-update-slice of the local piece's
+    kernel output): autodiff of a slice would pad the cotangent to all rows and add over them."""
+    return (k, v), tuple(jnp.stack([lax.slice_in_dim(x, s * c, (s + 1) * c, axis=1) for x in (k, v)])
+                         for s in slots)
+
+
+def _own_kv_fwd(k, v, slots, c):
+    return _own_kv(k, v, slots, c), None
+
+
+def _own_kv_bwd(slots, c, _, cts):
+    (dk, dv), dps = cts
+    for s, dp in zip(slots, dps):
+        dk = dk.at[:, s * c:(s + 1) * c].add(dp[0].astype(dk.dtype))
+        dv = dv.at[:, s * c:(s + 1) * c].add(dp[1].astype(dv.dtype))
+    return dk, dv
+
+
+_own_kv.defvjp(_own_kv_fwd, _own_kv_bwd)
+
+
 def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, single_call=False,
                fused=None):
     """Unrolled direct sends of a static `Schedule` (one ppermute per chunk slot and round).
@@ -326,11 +355,19 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
     """
     from . import pieces as pieces_mod
 
-    b, lq, _, _ = q.shape
-    m = sched.m
-    kv_local = jnp.stack([k, v])  # [2, B, m*C, K, d]
-    kv = kv_local.reshape((2, b, m, c) + k.shape[2:])  # [2, B, m, C, K, d]
-    slot = lambda i: kv[:, :, i]  # noqa: E731
+    lq = q.shape[1]
+    # own K/V: the pair (k, v) for the local piece (no stack copy) and the stacked payload of every
+    # own chunk slot some transfer sends; `_own_kv`'s backward adds the returned dK/dV of a slot
+    # into the local piece's dK/dV in place (a dynamic-update-slice, not a pass over all rows)
+    own_slots = tuple(sorted({t.slot for t in sched.transfers if t.via == -1}))
+    kv_pair, payloads = _own_kv(k, v, own_slots, c)
+    payload_of = dict(zip(own_slots, payloads))
+
+    def slot(i):  # own slot i, stacked [2, B, C, K, d]
+        if i in payload_of:
+            return payload_of[i]
+        return jnp.stack([lax.slice_in_dim(x, i * c, (i + 1) * c, axis=1) for x in kv_pair])
+
     bufs = {}
     hint_dirs = fused["hints"] if fused and sched.kind == "ring" and not single_call else (False, False)
     hints = any(hint_dirs)
@@ -360,27 +397,32 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
                 get(tid)
 
     pieces = sched.pieces
-    zeros = jnp.zeros_like(slot(0))
-    kvs, lbs = [], []
+    kvs, lbs, single = [], [], []
     for i, piece in enumerate(pieces):
         # issue the next piece's transfers before this piece's compute (overlap)
         issue(piece)
         if i + 1 < len(pieces):
             issue(pieces[i + 1])
+        # compact: drop the slots nobody receives in this piece (tid -2: pruned for every rank,
+        # static); slots received by some ranks only stay, zero-filled and masked where not received
+        keep = [bi for bi, tid in enumerate(piece.slots) if tid != -2]
+        if not keep:
+            continue
         if all(tid == -1 for tid in piece.slots):
-            kvp = kv_local  # the rank's own K/V: no copy
+            # the rank's own K/V: the pair for the fused pieces (no copy), else stacked
+            kvp = kv_pair if fused is not None and not single_call else jnp.stack(kv_pair)
         else:
-            parts = [slot(bi) if tid == -1 else (get(tid) if tid >= 0 else zeros)
-                     for bi, tid in enumerate(piece.slots)]
-            kvp = jnp.concatenate(parts, axis=2)  # [2, B, m*C, K, d]
+            parts = [slot(bi) if piece.slots[bi] == -1 else get(piece.slots[bi]) for bi in keep]
+            kvp = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=2)  # [2, B, k*C, K, d]
         src = jnp.asarray(piece.source, jnp.int32)[my]
-        cols = chunk_token_index(plan[src], c)
+        cols = chunk_token_index(plan[src][jnp.asarray(keep, jnp.int32)], c)
         lb = jnp.take(loc, cols, axis=-1)
-        if not all(all(r) for r in piece.received):
-            rec = jnp.asarray(piece.received, bool)[my]  # [m]
+        if not all(r[bi] for r in piece.received for bi in keep):
+            rec = jnp.asarray(piece.received, bool)[my][jnp.asarray(keep, jnp.int32)]  # [k]
             lb = masked_bounds(lb, jnp.repeat(~rec, c), lq)
         kvs.append(kvp)
         lbs.append(lb)
+        single.append(len(keep) == 1 and piece.slots[keep[0]] >= 0)  # K/V = one transfer's payload
     if single_call:
         kvp = jnp.concatenate(kvs, axis=2)
         lb = jnp.concatenate(lbs, axis=-1)
@@ -393,7 +435,10 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
             base_margin=fused["base_margin"], overlap_margin=fused["overlap_margin"],
             # the local piece (own rows x own keys) is never fully masked in practice: no cond
             skip=[kw["skip_masked"] and i > 0 for i in range(n)],
-            groups=[group(i + 1) for i in range(n - 1)] if hints else None)
+            groups=[group(i + 1) for i in range(n - 1)] if hints else None,
+            # a piece that is one transfer's payload gets its stacked dK/dV (the reverse
+            # ppermute's operand) straight from its cond: the skip branch writes it once
+            stack_in_cond=single)
         return pieces_mod.piece_attention(q, kvs, lbs, cfg)  # out already in q.dtype
     acc = None
     for kvp, lb in zip(kvs, lbs):

@@ -32,8 +32,11 @@ VARIANTS = (tuple(int(x) for x in os.environ["JFM_BWD_TEST_VARIANTS"].split(",")
 # d = 256 has one kernel for every variant number).
 ROWS128 = getattr(_cuda, "BWD_ROWS128_VARIANT", None)
 ROWS128S = tuple(getattr(_cuda, "BWD_ROWS128_VARIANTS", (ROWS128,)))
-# Variants with a bitwise twin (10 -> 5, 11 -> 7: the element mask from registers)
+# Variants with a bitwise twin (10 -> 5, 11 -> 7, 13 -> 12: the element mask from registers)
 TWINS = dict(getattr(_cuda, "MASK_REGS_BWD_VARIANTS", {}))
+# Variants 12 and 13 (lock-step consumer warpgroups) are compiled for d = 128 only (d = 256: one
+# kernel for every variant number); the tests that take d from _d_for run them at d = 128.
+LOCKSTEP = tuple(getattr(_cuda, "LOCKSTEP_BWD_VARIANTS", ()))
 
 
 def _d_for(variant, d=128):
@@ -42,7 +45,8 @@ def _d_for(variant, d=128):
 
 
 def _variants_for(d):
-    return tuple(v for v in VARIANTS if v not in ROWS128S or d != 128)
+    return tuple(v for v in VARIANTS
+                 if (v not in ROWS128S or d != 128) and (v not in LOCKSTEP or d != 64))
 
 
 def _seed():
@@ -175,7 +179,7 @@ def test_head_dims_dtypes(d, dtype, variant):
     if d == 256 and variant != VARIANTS[0]:
         pytest.skip("d=256: one kernel for every variant number (run once)")
     if variant not in _variants_for(d):
-        pytest.skip(f"variant {variant} is compiled for d=64 only")
+        pytest.skip(f"variant {variant} is not compiled for d={d}")
     seed = _seed()
     rng = np.random.default_rng(seed)
     Sq, Sk = 300, 333
@@ -533,9 +537,9 @@ def test_rows128_variant_d_check_and_workspace():
 
 
 def test_default_variant_per_head_dim():
-    """variant=None runs variant 7 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=7), variant 6 whenever sm_margin > 0, and variant 5 at d = 128
-    (_cuda.resolve_bwd_variant; tests/test_attention.py checks the resolution without a GPU)."""
+    """variant=None runs variant 11 at d = 64 (workspaces at 128 query rows; bitwise equal to an
+    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 10 at d = 128 (5 when
+    deterministic; _cuda.resolve_bwd_variant, checked without a GPU in tests/test_attention.py)."""
     import re
     _need(jnp.bfloat16, 64)
     rng = np.random.default_rng(5)
@@ -543,21 +547,22 @@ def test_default_variant_per_head_dim():
     b = jnp.asarray(causal_bounds(1, 1, 300, 300))
     out, lse = _cuda.forward(q, k, v, b, scale=0.125)
 
-    def hlo(**kw):
-        f = jax.jit(lambda *a: _bwd(*a, None, scale=0.125, deterministic=True, **kw))
+    def hlo(det=True, **kw):
+        f = jax.jit(lambda *a: _bwd(*a, None, scale=0.125, deterministic=det, **kw))
         return f.lower(q, k, v, b, out, lse, do).as_text()
 
     default = hlo()
-    assert re.search(r"variant = 7\b", default), "variant=None at d = 64 should run variant 7"
+    assert re.search(r"variant = 11\b", default), "variant=None at d = 64 should run variant 11"
     assert "tensor<1x4x384x64xf32>" in default  # dQ workspace at 128-row tiles
     assert re.search(r"variant = 6\b", hlo(sm_margin=8))
     r_none, r7 = (_bwd(q, k, v, b, out, lse, do, None, scale=0.125, deterministic=True, variant=vv)
-                  for vv in (None, 7))
-    _assert_same_bits(r_none, r7, "variant=None vs 7 at d = 64")
+                  for vv in (None, 11))
+    _assert_same_bits(r_none, r7, "variant=None vs 11 at d = 64")
     _need(jnp.bfloat16, 128)
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
-    assert re.search(r"variant = 5\b", hlo())
+    assert re.search(r"variant = 10\b", hlo(det=False))
+    assert re.search(r"variant = 5\b", hlo())  # deterministic mode keeps 5 at d = 128
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
@@ -704,7 +709,7 @@ def test_walk_jumps(d, variant):
     if d == 256 and variant != VARIANTS[0]:
         pytest.skip("d=256: one kernel for every variant number (run once)")
     if variant not in _variants_for(d):
-        pytest.skip(f"variant {variant} is compiled for d=64 only")
+        pytest.skip(f"variant {variant} is not compiled for d={d}")
     rng = np.random.default_rng(17)
     B, Sq, Sk, N, K = 2, 1000, 900, 8, 2
     b = _jump_bounds(rng, B, N, Sq, Sk)
@@ -731,7 +736,7 @@ def _eviction_bounds(rng, B, Hm, Sq, Sk):
     return np.clip(b, 0, Sq).astype(np.int32)
 
 
-@pytest.mark.parametrize("variant,d", [(10, 64), (10, 128), (11, 64)])
+@pytest.mark.parametrize("variant,d", [(10, 64), (10, 128), (11, 64), (13, 128)])
 @pytest.mark.parametrize("case", ["suite", "random_gqa", "eviction_ragged", "jumps", "empty_items"])
 def test_mask_regs_bitwise_equals_twin(case, variant, d):
     """Variants 10 / 11 are variants 5 / 7 with the element mask of partial tiles built from
@@ -794,6 +799,105 @@ def test_mask_regs_variants_d_check():
         f = jax.jit(lambda *a, variant=variant: _bwd(*a, None, scale=0.1, variant=variant))
         hlo = f.lower(q, k, v, b, q, jnp.zeros((1, 300, 4)), do).as_text()
         assert f"tensor<1x4x{rows}x64xf32>" in hlo, variant  # dQ workspace, Sq padded
+
+
+# --------------------------------------------------------------------------- variants 12 / 13
+
+
+def _lockstep_case(rng, case):
+    """(B, Sq, Sk, N, K, [bounds]) for the lock-step comparisons against variant 5 (d = 128)."""
+    if case == "suite":  # the twelve benchmark masks: partial tiles of every kind
+        return 1, 1500, 1500, 4, 2, list(_suite(1500, 29, 1).values())
+    if case == "random_gqa":  # a mask head per query head, 4 query heads per kv head
+        return 2, 1100, 1300, 8, 2, [random_bounds(rng, 2, 8, 1100, 1300)]
+    if case == "causal_ragged":  # partial last query tile and key block
+        return 2, 1001, 1111, 4, 2, [causal_bounds(2, 1, 1001, 1111)]
+    if case == "jumps":
+        return 2, 1000, 900, 4, 4, [_jump_bounds(rng, 2, 1, 1000, 900)]
+    if case == "one_tile":  # every CTA keeps a single query tile (the loop runs once)
+        return 2, 40, 700, 4, 2, [np.zeros((2, 1, 4, 700), np.int32)]
+    if case == "long_walk":  # 64 query tiles per CTA: both dS / dQ buffers reused many times
+        b = np.zeros((1, 1, 4, 512), np.int32); b[:, :, :2] = 4096
+        return 1, 4096, 512, 2, 1, [b]
+    B, Sq, Sk, N, K = 2, 700, 1500, 4, 2  # empty_items: key blocks that keep no tile
+    b = np.zeros((B, 1, 4, Sk), np.int32)
+    b[:, :, 0] = 0; b[:, :, 1] = Sq
+    b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]
+    return B, Sq, Sk, N, K, [b]
+
+
+@pytest.mark.parametrize("variant", [12, 13])
+@pytest.mark.parametrize("case", ["suite", "random_gqa", "causal_ragged", "jumps", "one_tile",
+                                  "long_walk", "empty_items"])
+def test_lockstep_bitwise_equals_variant5(case, variant):
+    """Variants 12 / 13 run variant 5's / 10's per-tile math with the two consumer warpgroups in
+    lock-step (dV, dQ, dK of a tile issued back to back, one named barrier per tile instead of
+    the GEMM turns and the dS mbarriers, the dQ of a tile computed in its own iteration). The
+    same tiles in the same order and the same products: dK/dV bitwise equal to variant 5 in both
+    dQ modes, dQ too in deterministic mode (default mode: fp32 order of the dQ reductions), and
+    the float64 reference holds."""
+    if variant not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip(f"variants {variant} and 5 not both under test")
+    _need(jnp.bfloat16, 128)
+    rng = np.random.default_rng(31)
+    B, Sq, Sk, N, K, bs = _lockstep_case(rng, case)
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    for i, b in enumerate(bs):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=variant),
+                                f"case={case} mask {i} variant={variant}")
+    for mode in (1, 0):
+        _check(q, k, v, do, bs[-1], seed=f"lockstep {case}", rng=rng, dq_mode=mode, variant=variant)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_lockstep_fp16_and_large(dtype):
+    """Variant 12 at 4K (64 query tiles per CTA, many CTAs per dQ tile), bf16 and fp16, causal and
+    full: against variant 5 (dK/dV bitwise) and deterministic repeats bit-identical."""
+    if 12 not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip("variants 12 and 5 not both under test")
+    _need(dtype, 128)
+    rng = np.random.default_rng(37)
+    B, S, N, K = 1, 4096, 4, 2
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, dtype)
+    for b in (causal_bounds(B, 1, S, S),
+              np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        args = (q, k, v, bj, out, lse, do, None)
+        r5 = _bwd(*args, scale=0.1, variant=5)
+        r12 = _bwd(*args, scale=0.1, variant=12)
+        _assert_equal(r5[1], r12[1], "dk v12 vs v5")
+        _assert_equal(r5[2], r12[2], "dv v12 vs v5")
+        assert _relerr(np.asarray(r12[0].astype(jnp.float32)),
+                       np.asarray(r5[0].astype(jnp.float32), np.float64)) < 1e-3
+        d1 = _bwd(*args, scale=0.1, deterministic=True, variant=12)
+        d2 = _bwd(*args, scale=0.1, deterministic=True, variant=12)
+        _assert_same_bits(d1, d2, "variant 12 deterministic repeat")
+
+
+def test_lockstep_variants_d_check():
+    """Variants 12 / 13 refuse d = 64 (ValueError, before any kernel runs); at d = 256 the d = 256
+    kernel runs for every variant number; at d = 128 the workspaces are variant 5's."""
+    if 12 not in VARIANTS:
+        pytest.skip("variant 12 not under test")
+    rng = np.random.default_rng(0)
+    for variant in (12, 13):
+        q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 64, jnp.bfloat16)
+        b = jnp.asarray(causal_bounds(1, 1, 300, 300))
+        with pytest.raises(ValueError, match="d = 128 only"):
+            _bwd(q, k, v, b, q, jnp.zeros((1, 300, 4)), do, None, scale=0.1, variant=variant)
+    _need(jnp.bfloat16, 128)
+    q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
+    f = jax.jit(lambda *a: _bwd(*a, None, scale=0.1, variant=12))
+    hlo = f.lower(q, k, v, b, q, jnp.zeros((1, 300, 4)), do).as_text()
+    assert "tensor<1x4x320x128xf32>" in hlo  # dQ workspace, Sq padded to 64-row tiles
+    if _compiled(jnp.bfloat16, 256):
+        q, k, v, do = _inputs(rng, 1, 150, 197, 4, 2, 256, jnp.bfloat16)
+        b = jnp.asarray(causal_bounds(1, 1, 150, 197))
+        _check(q, k, v, do, b, seed="v12 d256", rng=rng, variant=12)
 
 
 # --------------------------------------------------------------------------- head dim 256 kernel
