@@ -51,7 +51,7 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # Measured and removed: 1 (one consumer warpgroup), 7 (old number: key blocks of 176: run B +0.4 % on
 # full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
 # wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
-# The persistent variants (3, 5, 6, 7, 10, 11) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# The persistent variants (3, 5, 6, 7, 10-15) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
@@ -65,12 +65,30 @@ GROUP_SCAN_VARIANT = 7
 MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_identical)
 MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
 GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT)  # workspace: + group metadata
-VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT)
+# Forward variants compiled for one head dim (HEAD_DIM_VARIANTS below):
+#  12: variant 3 with three consumer warpgroups, d = 64 only: 192-row query tiles, key blocks of 128,
+#      GEMM issue in a round robin over the three warpgroups (each softmax under the two others'
+#      GEMMs; FlashAttention-3's d = 64 tile), setmaxnreg 32/160 (benchmarks/NOTES_fwd_hd.md; not
+#      yet run on a GPU).
+#  13: variant 3 with key blocks of 80 at d = 256 only (instead of 64: a quarter more GEMM work per
+#      softmax step, per-block fixed costs amortized; setmaxnreg 24/240, one Q buffer, 227 KB of
+#      shared memory) (benchmarks/NOTES_fwd_hd.md; not yet run on a GPU).
+#  14: variant 3 (d = 256 only) with the query tiles handed out in pairs: in each head the order is
+#      heaviest, lightest, second heaviest, ..., a CTA runs the two tiles of a pair back to back and
+#      walks the second from its last key block down, so on a causal mask all CTAs read the same
+#      K/V blocks at the same time (as on the full mask) instead of a query tile's worth of keys
+#      apart: aimed at the L2 reuse distance of d = 256 causal (benchmarks/NOTES_fwd_hd.md; not
+#      yet run on a GPU).
+#  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
+VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15)
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
-PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT)
+PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 32768  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
+# Variants compiled for one head dim only (variant -> head dim); forward() raises ValueError for
+# the others. Every other variant is compiled for 64, 128 and 256.
+HEAD_DIM_VARIANTS = {12: 64, 13: 256, 14: 256, 15: 256}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -167,7 +185,19 @@ def _check_problem(q, k, v, bounds):
 
 def variant_supported(variant: int, dtype, head_dim: int) -> bool:
     """Whether forward kernel `variant` is compiled for (dtype, head_dim) (dtype bf16/fp16)."""
-    return int(variant) in VARIANTS and int(head_dim) in SUPPORTED_HEAD_DIMS
+    variant, head_dim = int(variant), int(head_dim)
+    if variant in HEAD_DIM_VARIANTS:
+        return head_dim == HEAD_DIM_VARIANTS[variant]
+    return variant in VARIANTS and head_dim in SUPPORTED_HEAD_DIMS
+
+
+def check_variant_head_dim(variant: int, head_dim: int) -> None:
+    """ValueError when forward kernel `variant` (already resolved) is not compiled for `head_dim`
+    (variants 12 to 15 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
+    want = HEAD_DIM_VARIANTS.get(int(variant))
+    if want is not None and int(head_dim) != want:
+        raise ValueError(f"forward kernel variant {variant} is compiled for head dim {want} only, "
+                         f"got d = {head_dim}; use variant 3 (the default) or None")
 
 
 def resolve_variant(variant: int | None, num_keys: int = 0) -> int:
@@ -189,7 +219,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10, 11; the default is 3, 7 from
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15; the default is 3, 7 from
     LONG_KEYS keys on) leave free, e.g.
     for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
@@ -200,6 +230,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     variant = resolve_variant(variant, Sk)
+    check_variant_head_dim(variant, d)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
     # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variants 7

@@ -299,7 +299,7 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
-    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11} <= set(_cuda.VARIANTS)
+    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15} <= set(_cuda.VARIANTS)
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
@@ -308,12 +308,31 @@ def test_cuda_kernel_variant_resolution():
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
     assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
     assert _cuda.resolve_variant(11) == 11 and 11 in _cuda.GROUP_META_VARIANTS  # 7 + 10's mask
-    with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7, 10, 11,"):
-        _cuda.resolve_variant(12)
+    with pytest.raises(ValueError, match="forward kernel variant 16; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15,"):
+        _cuda.resolve_variant(16)
     for removed in (1, 8, 9):
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)
         assert not _cuda.variant_supported(removed, jnp.bfloat16, 64)
+    # 12 (three consumer warpgroups) is d = 64 only, 13 (key blocks of 80) d = 256 only; neither
+    # is the default nor in every GPU check (their own tests in tests/gpu/test_cuda_forward.py)
+    assert _cuda.resolve_variant(12) == 12 and _cuda.resolve_variant(13) == 13
+    assert [_cuda.variant_supported(12, jnp.bfloat16, d) for d in (64, 128, 256)] == [True, False, False]
+    assert [_cuda.variant_supported(13, jnp.float16, d) for d in (64, 128, 256)] == [False, False, True]
+    assert _cuda.resolve_variant(14) == 14
+    assert [_cuda.variant_supported(14, jnp.bfloat16, d) for d in (64, 128, 256)] == [False, False, True]
+    assert _cuda.resolve_variant(15) == 15
+    assert [_cuda.variant_supported(15, jnp.bfloat16, d) for d in (64, 128, 256)] == [False, False, True]
+    assert not {12, 13, 14, 15} & set(_cuda.TESTED_VARIANTS)
+    with pytest.raises(ValueError, match="head dim 256 only"):
+        _cuda.check_variant_head_dim(14, 128)
+    _cuda.check_variant_head_dim(12, 64)
+    _cuda.check_variant_head_dim(13, 256)
+    _cuda.check_variant_head_dim(3, 128)
+    with pytest.raises(ValueError, match="head dim 64 only"):
+        _cuda.check_variant_head_dim(12, 128)
+    with pytest.raises(ValueError, match="head dim 256 only"):
+        _cuda.check_variant_head_dim(13, 64)
 
 
 # ---------------------------------------------------------------------------------------------

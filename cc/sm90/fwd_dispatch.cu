@@ -20,8 +20,8 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if ((p.variant < 2 || p.variant > 7) && p.variant != 10 && p.variant != 11) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10, 11)";
+  if ((p.variant < 2 || p.variant > 7) && (p.variant < 10 || p.variant > 15)) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10 to 15)";
     return cudaErrorInvalidValue;
   }
   if (p.variant == 10) {
@@ -59,6 +59,47 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
         return cudaErrorInvalidValue;
     }
   }
+  if (p.variant == 15) {
+    // Variants 13 and 14 together: key blocks of 80 and paired tiles, d = 256 only
+    // (inst/*_d256_bn80_*_pair.cu).
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 15 (key blocks of 80, paired tiles) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 80, 2, 2, true, false, false, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 80, 2, 2, true, false, false, true>(p, stream, err);
+  }
+  if (p.variant == 14) {
+    // Variant 3 with the tiles handed out in pairs (heaviest + lightest of a head on one CTA, the
+    // second walked from its last key block down: FwdTraitsPaired), d = 256 only
+    // (inst/*_d256_bn64_*_pair.cu).
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 14 (paired tiles) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, false, false, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, false, false, true>(p, stream, err);
+  }
+  if (p.variant == 12) {
+    // Variant 3's grid and bounds path with three consumer warpgroups (192-row query tiles, GEMM
+    // issue in a round robin, setmaxnreg 32/160), d = 64 only (inst/*_d64_bn128_wg3_*.cu).
+    if (p.d != 64) {
+      if (err) *err = "flashmask sm90 forward: variant 12 (three consumer warpgroups) is head dim 64 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 3, 2, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 64, 128, 3, 2, true>(p, stream, err);
+  }
+  if (p.variant == 13) {
+    // Variant 3's grid and bounds path with key blocks of 80 at d = 256 (instead of 64; setmaxnreg
+    // 24/240, one Q buffer), d = 256 only (inst/*_d256_bn80_*.cu).
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 13 (key blocks of 80) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 80, 2, 2, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 80, 2, 2, true>(p, stream, err);
+  }
   if (p.variant == 7) {
     // Variant 3's grid and bounds path with the two-level key-block walk (FwdTraitsGroupScan:
     // groups of 32 key blocks classified first; inst/*_gs.cu).
@@ -86,8 +127,10 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
   //      issued before the current tile's last PV GEMM is waited for; its epilogue runs under them);
   //   7: variant 3 with the two-level key-block walk (its own instantiations, see above);
   //  10: variant 3 with the bit-word element mask of partial blocks (its own instantiations);
-  //  11: variant 7 with it.
-  // The persistent variants (3, 5, 6, 7, 10, 11) launch num_SMs - p.sm_margin CTAs.
+  //  11: variant 7 with it;
+  //  12 (d = 64: three consumer warpgroups), 13 (d = 256: key blocks of 80), 14 (d = 256: paired
+  //      query tiles), 15 (13 + 14): variant 3's grid and bounds path, own instantiations (above).
+  // The persistent variants (3, 5, 6, 7, 10 to 15) launch num_SMs - p.sm_margin CTAs.
   // (Measured and no longer compiled, see benchmarks/NOTES.md: 0 = variant 2 without overlap,
   // 1 = one consumer warpgroup, 7 (old) = variant 3 with key blocks of 176, 8 = variant 3 with part of
   // the softmax exp2 on the FMA pipe, 9 = variant 3 with the PV-GEMM wait pinned below the exps.)

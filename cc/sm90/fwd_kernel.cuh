@@ -34,9 +34,12 @@ struct FwdTraits {
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
   static constexpr int Bm = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
-  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 need
-  // 240 per consumer thread, which leaves 24 for the producer (24*128 + 240*256 <= 64K).
-  static constexpr int kRegProducer = Bn > 128 ? 24 : 40;
+  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 (and of
+  // Bn = 80 at d = 256, variant 13, next to its 128 O registers) need 240 per consumer thread,
+  // which leaves 24 for the producer (24*128 + 240*256 <= 64K). NWG = 3 (variant 12, d = 64):
+  // 32/160 (32*128 + 160*384 = 64K).
+  static constexpr bool kWideRegs = Bn > 128 || (D == 256 && Bn > 64);
+  static constexpr int kRegProducer = NWG == 3 ? 32 : (kWideRegs ? 24 : 40);
   // Variant 7 (FwdTraitsGroupScan below): KeptBlocks first classifies groups of 32 key blocks
   // (one ballot for 32 groups) and scans only the groups that may hold a kept block.
   static constexpr bool kGroupScan = false;
@@ -44,7 +47,11 @@ struct FwdTraits {
   // producer warps 1-2, one 32-bit word per key column and 32 query rows.
   static constexpr bool kMaskBits = false;
   static constexpr int kBuilders = 0;  // mask-builder threads (kMaskBits) arriving on K's empty barrier
-  static constexpr int kRegConsumer = Bn > 128 ? 240 : 232;
+  // Variant 14 (FwdTraitsPaired below): the persistent grid hands out pairs of tiles, the second
+  // one walked from its last key block down.
+  static constexpr bool kPaired = false;
+  static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
+  static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
   static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
 
@@ -70,6 +77,13 @@ struct FwdTraits {
       GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<D>, Int<Bn>>, GMMA::Major::K,
                            GMMA::Major::MN>(),
       Layout<Shape<Int<NWG>, _1, _1>>{}));
+
+  // One GMMA instruction per k-step for QK^T (N = Bn) and PV (N = D): a selector fallback to a
+  // narrower N (e.g. 64x16 for Bn = 80 without CuTe's extended shapes) is a compile error.
+  static_assert(decltype(size<1>(typename TiledMmaQK::AtomShape_MNK{}))::value == Bn,
+                "QK^T GMMA atom narrower than the key block");
+  static_assert(decltype(size<1>(typename TiledMmaPV::AtomShape_MNK{}))::value == D,
+                "PV GMMA atom narrower than the head dim");
 
   using Pipeline = cutlass::PipelineTmaAsync<Stages>;
 
@@ -99,8 +113,11 @@ struct FwdTraitsGroupScan : Base {
   // (the block index and the phase bit reloaded from local memory before every K/V TMA and the
   // bounds' bulk copies; variant 3's producer has none). The consumers top out at R212 (d128) /
   // R185 (d64) / R221 (d256) under 224: no spills anywhere (NOTES_gscan.md, compile facts).
-  static constexpr int kRegProducer = Base::Bn > 128 ? 24 : 56;
-  static constexpr int kRegConsumer = Base::Bn > 128 ? 240 : 224;
+  // kWideRegs (Bn > 128, or Bn > 64 at d = 256) keeps 24/240; the group-walk kernels compiled
+  // (d64 / d128 Bn = 128, d256 Bn = 64) are all narrow, i.e. 56/224.
+  static_assert(Base::NWG == 2, "the 56/224 split assumes two consumer warpgroups");
+  static constexpr int kRegProducer = Base::kWideRegs ? 24 : 56;
+  static constexpr int kRegConsumer = Base::kWideRegs ? 240 : 224;
 };
 
 // Variant 10 (11: over FwdTraitsGroupScan): the element mask of a partial key block is built by
@@ -123,6 +140,21 @@ struct FwdTraitsMaskBits : Base {
     alignas(8) uint64_t job_full[Base::Stages];   // job posted (TMA warp, 1 arrival)
     alignas(8) uint64_t bits_full[Base::Stages];  // words of the job written (kBuilders arrivals)
   };
+};
+
+// Variant 14: FwdTraits whose persistent grid hands out *pairs* of query tiles of one head: in
+// each head the order is heaviest, lightest, second heaviest, second lightest, ... (for a causal
+// mask every pair holds the same number of key blocks), the two tiles of a pair run back to back
+// on one CTA, and the second walks its key blocks from the last down. Then at any moment every
+// CTA reads either key block t (first tiles) or key block C - t (second tiles, C = the pair's
+// length): the CTAs stay in step the way they do on the full mask, instead of sitting a query
+// tile's worth of keys (Bm x d x 4 bytes of K/V) apart, which under the plain heaviest-first order
+// spreads the K/V reads of the 132 CTAs over 132 x Bm x 4d bytes = 17 MB at d = 256
+// (benchmarks/NOTES_fwd_hd.md). Derived type: the other kernels keep their symbols and SASS.
+template <class Base>
+struct FwdTraitsPaired : Base {
+  static constexpr bool kPaired = true;
+  static_assert(!Base::kGroupScan, "paired tiles walk one level of metadata");
 };
 
 struct KArgs {
@@ -216,8 +248,17 @@ struct KeptGroups<true> {
   unsigned gmask;  // groups of the current chunk of 32 that may hold a kept block
 };
 
-template <int Bn, bool kGroups = false>
-struct KeptBlocks : KeptGroups<kGroups> {
+// kRev (variant 14): the walk can also run from the last key block down (rev, set per tile).
+template <bool kRev>
+struct KeptDir {};
+template <>
+struct KeptDir<true> {
+  bool rev;
+};
+
+template <int Bn, bool kGroups = false, bool kRev = false>
+struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
+  static_assert(!(kGroups && kRev), "the reversed walk has no group level");
   const int32_t* mt;
   int nblk, ms, me, Sk;
   int base;
@@ -227,10 +268,15 @@ struct KeptBlocks : KeptGroups<kGroups> {
 
   KeptBlocks() = default;
   __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_,
-                                        int goff_ = 0)
+                                        int goff_ = 0, bool rev_ = false)
       : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), base(0) {
     (void)lane_;
-    if constexpr (kGroups) {
+    (void)rev_;
+    if constexpr (kRev) {
+      this->rev = rev_;
+      if (rev_) base = ((nblk_ - 1) >> 5) << 5;  // the last chunk of 32 blocks first
+      scan();
+    } else if constexpr (kGroups) {
       base = -32;  // before chunk 0: advance() starts with the group ballot of chunk 0
       keep = 0u;
       part = 0u;
@@ -320,6 +366,23 @@ struct KeptBlocks : KeptGroups<kGroups> {
         }
         scan(group, goff);
       }
+    } else if constexpr (kRev) {
+      // one loop and one scan site for both directions (see scan)
+      (void)goff;
+      const int step = this->rev ? -32 : 32;
+      while (keep == 0u) {
+        base += step;
+        if (base < 0 || base >= nblk) {
+          nxt = -1;
+          return;
+        }
+        scan();
+      }
+      const int bit = this->rev ? 31 - __clz(keep) : __ffs(keep) - 1;
+      keep &= ~(1u << bit);
+      nxt = base + bit;
+      nxt_partial = (part >> bit) & 1u;
+      return;
     } else {
       (void)goff;
       while (keep == 0u) {
@@ -372,10 +435,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // inside a head the last query tile comes first (heaviest first for bottom-right causal masks).
   auto decode = [&](int t, int& m_blk, int& h, int& b) {
     const int hb = t / mblk;
-    m_blk = mblk - 1 - (t - hb * mblk);
+    if constexpr (T::kPaired) {
+      // variant 14: inside a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ...
+      const int j = t - hb * mblk;
+      m_blk = (j & 1) ? (j >> 1) : mblk - 1 - (j >> 1);
+    } else {
+      m_blk = mblk - 1 - (t - hb * mblk);
+    }
     h = hb % a.N;
     b = hb / a.N;
   };
+  // variant 14: the second tile of each pair (odd t) walks its key blocks from the last down
+  auto reversed = [&](int t) { return T::kPaired && (t & 1) != 0; };
 
   typename Pipeline::Params pp;
   pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
@@ -424,7 +495,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      int t = blockIdx.x;
+      // variant 14: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
+      int t = T::kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
       for (int it = 0;; ++it) {
         const int slot = it % QS;
         const bool done = t >= total_tiles;
@@ -436,7 +508,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         if (done) break;
         int t_next = total_tiles;
-        if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
+        if constexpr (T::kPaired) {
+          if (lane == 0) {
+            if ((t & 1) == 0) t_next = t + 1;  // the pair's second tile
+            else if (a.tile_counter != nullptr) t_next = 2 * ((int)gridDim.x + atomicAdd(a.tile_counter, 1));
+          }
+        } else {
+          if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
+        }
         int m_blk, h, b;
         decode(t, m_blk, h, b);
         const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
@@ -455,8 +534,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
         }
         const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        KeptBlocks<Bn, T::kGroupScan> blocks(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk,
-                                             ms, me, a.Sk, lane, a.group_meta);
+        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
+            a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
+            reversed(t));
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
@@ -572,7 +652,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
     const bool tovl = T::Overlap && a.tile_overlap != 0;
     int t_nxt = -1;
-    KeptBlocks<Bn, T::kGroupScan> blocks_nxt;
+    KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
     int pend_n = 0;
     for (int it = 0;; ++it) {
@@ -657,10 +737,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       auto softmax = [&](float (&corr)[2]) {
         CUTE_UNROLL
         for (int i = 0; i < 2; ++i) {
-          float mx = m_i[i];
-          CUTE_UNROLL
-          for (int kk = 0; kk < Bn / 8; ++kk) {
-            mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+          float mx;
+          if constexpr (NWG == 3) {
+            // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
+            // across the GEMM issue, and the chain then starts without waiting for their load
+            mx = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
+            CUTE_UNROLL
+            for (int kk = 1; kk < Bn / 8; ++kk) {
+              mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+            }
+            mx = fmaxf(mx, m_i[i]);
+          } else {
+            mx = m_i[i];
+            CUTE_UNROLL
+            for (int kk = 0; kk < Bn / 8; ++kk) {
+              mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+            }
           }
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -745,10 +837,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
 
-      KeptBlocks<Bn, T::kGroupScan> blocks =
+      KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
           pre ? blocks_nxt
-              : KeptBlocks<Bn, T::kGroupScan>(a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk,
-                                              nblk, ms, me, a.Sk, lane, a.group_meta);
+              : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                    a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
+                    a.group_meta, reversed(t));
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
@@ -774,6 +867,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
         constexpr bool kPingPong = NWG == 2;
+        // NWG = 3 (variant 12): the same idea as a round robin. Warpgroup w issues its GEMMs after
+        // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
+        // the tensor pipe takes warpgroup 0, 1, 2, 0, ... and each softmax runs under the two other
+        // warpgroups' GEMMs. Every barrier has one syncing and one arriving warpgroup (256 threads);
+        // warpgroup 2 opens the round (like warpgroup 1 above) and skips its arrival after the
+        // tile's last block, so the counts balance within each tile.
+        constexpr bool kRoundRobin = NWG == 3;
         {
           bool partial;
           int n;
@@ -796,6 +896,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if constexpr (kPingPong) {
           if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
         }
+        if constexpr (kRoundRobin) {
+          if (cwg == 2 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        }
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
@@ -807,11 +910,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (cwg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
             else asm volatile("bar.sync 2, 256;\n" ::: "memory");
           }
+          if constexpr (kRoundRobin) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cwg) : "memory");
           wgmma_gemm<true, -1, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           pipe_v.consumer_wait(rd_prev);
           wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
           if constexpr (kPingPong) {
             if (cwg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+            else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+          }
+          if constexpr (kRoundRobin) {
+            if (cwg < 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cwg) : "memory");
             else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
           }
           wait_bits(partial, rd);
@@ -853,9 +961,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             decode(t_nxt, m2, h2, b2);
             const int hm2 = h2 / a.heads_per_mask;
             const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
-            blocks_nxt = KeptBlocks<Bn, T::kGroupScan>(
+            blocks_nxt = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
                 a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
-                a.group_meta);
+                a.group_meta, reversed(t_nxt));
             go = blocks_nxt.has_next();
           }
           if (go) {
@@ -920,16 +1028,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // launches like 3: persistent grid, bounds staged in smem). MaskBits: variant 10's (11's with
 // GroupScan) kernel, FwdTraitsMaskBits (persistent grid; no bounds staged: the mask builders read
 // them from global memory, any Sk).
-template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits>
+// Paired: variant 14's kernel (FwdTraitsPaired; launched like 3 with pairs of tiles per claim).
+template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits,
+          bool Paired>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
+  static_assert(!(Paired && (GroupScan || MaskBits)), "paired tiles: variant 3's walk and mask only");
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
-  using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>, Base>;
+  using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>,
+                                std::conditional_t<Paired, FwdTraitsPaired<Base>, Base>>;
   using T = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
-  if (total_tiles > INT32_MAX) {
-    if (err) *err = "flashmask sm90 forward: too many query tiles (ceil(Sq/128) * N * B >= 2^31)";
+  if (total_tiles > INT32_MAX - 1024) {
+    if (err) *err = "flashmask sm90 forward: too many query tiles (ceil(Sq/Bm) * N * B >= 2^31)";
     return cudaErrorInvalidValue;
   }
   const size_t smem = sizeof(typename T::SharedStorage);
@@ -940,8 +1052,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
   // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
-  const bool persistent = p.variant == 3 || p.variant == 5 || p.variant == 6 || p.variant == 7 ||
-                          p.variant == 10 || p.variant == 11;
+  // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
+  // 14 and 15 (Paired) too, with two tiles per claim.
+  const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
+                          p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
+                          p.variant == 13;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -996,7 +1111,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = !MaskBits && (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7) &&
+  a.smem_bounds = !MaskBits &&
+                  (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7 ||
+                   p.variant == 12 || p.variant == 13 || p.variant == 14 || p.variant == 15) &&
                   p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
@@ -1018,7 +1135,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     if (sms <= 0) sms = 132;
     // sm_margin: leave SMs free for concurrent kernels (NCCL under context parallelism)
     const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
-    grid = (int)std::min<int64_t>(total_tiles, ctas);
+    // variant 14: one claim = two tiles
+    grid = (int)std::min<int64_t>(Paired ? (total_tiles + 1) / 2 : total_tiles, ctas);
     a.tile_counter = p.meta + meta_elems;
     e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
     if (e != cudaSuccess) return e;

@@ -416,3 +416,154 @@ def test_mask_bits_bit_identical(d):
     # many tiles per CTA (B * N * ceil(Sq / 128) = 4 * 8 * 20 = 640 tiles on <= 132 CTAs)
     q, k, v = _inputs(rng, 4, 2500, 2500, 8, 8, d, jnp.bfloat16)
     same(q, k, v, _suite(2500, seed, 4)["random_eviction"], d ** -0.5, "random_eviction B=4 S=2500")
+
+
+# --------------------------------------------------------------------------- variants 12 and 13
+# Single-head-dim kernels (not in TESTED_VARIANTS): 12 = three consumer warpgroups (192-row query
+# tiles, GEMM issue in a round robin), d = 64 only; 13 = key blocks of 80, d = 256 only; 14 = tiles
+# in pairs (the second walked from its last key block down; odd tile counts leave a pair with one
+# tile), d = 256 only; 15 = 13 and 14 together. These
+# tests run them whatever JFM_TEST_VARIANTS says (the other d = 64 / 256 tests above run them too
+# when it lists them). Shapes are chosen around their tile sizes: Sq not a multiple of 192, Sk not
+# a multiple of 80 (ragged last key block), Sk % 4 != 0 (bounds read from global memory instead of
+# the smem copy), query tiles with one key block (no round robin at all) and two.
+
+HD_VARIANTS = [(12, 64), (13, 256), (14, 256), (15, 256)]
+
+
+def _hd_variant(var, d):
+    if var not in getattr(_cuda, "VARIANTS", ()) or not _supported(var, jnp.bfloat16, d):
+        pytest.skip(f"forward variant {var} not compiled for d={d}")
+
+
+def _hd_variants_of(d):
+    """The variants of HD_VARIANTS compiled for d (one float64 reference checks all of them)."""
+    vs = [v for v, dd in HD_VARIANTS if dd == d and v in getattr(_cuda, "VARIANTS", ())
+          and _supported(v, jnp.bfloat16, d)]
+    if not vs:
+        pytest.skip(f"no head-dim variant compiled for d={d}")
+    return vs
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("S", [1000, 2048])
+def test_hd_variant_mask_families(d, S):
+    variants = _hd_variants_of(d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B = 1 if S < 2048 else 2
+    suite = _suite(S, seed, B)
+    q, k, v = _inputs(rng, B, S, S, 8, 2, d, jnp.bfloat16)
+    for name, b in suite.items():
+        _check(q, k, v, b, seed=f"{seed} mask={name}", variants=variants)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("Sq,Sk", [(1, 1), (1, 81), (191, 79), (193, 160), (192, 1000), (1000, 129),
+                                   (385, 241), (577, 64), (65, 1), (300, 333), (700, 402)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_hd_variant_ragged(d, Sq, Sk, dtype):
+    variants = _hd_variants_of(d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
+    _check(q, k, v, random_bounds(rng, 2, 2, Sq, Sk), seed=seed, variants=variants)
+    _check(q, k, v, causal_bounds(2, 1, Sq, Sk), seed=seed, variants=variants)
+
+
+@pytest.mark.parametrize("var,d", HD_VARIANTS)
+@pytest.mark.parametrize("Sq", [300, 650])
+def test_hd_variant_odd_tile_count(var, d, Sq):
+    """An odd number of query tiles (3 heads x 3 or 5 tiles of 128 rows): variant 14's last pair
+    has one tile; with sm_margin leaving one CTA, that CTA walks every pair."""
+    _hd_variant(var, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 1, Sq, 333, 3, 1, d, jnp.bfloat16)
+    for b in (random_bounds(rng, 1, 3, Sq, 333), causal_bounds(1, 1, Sq, 333)):
+        _check(q, k, v, b, seed=seed, variants=[var])
+        ro, rl = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var)
+        o, l = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var, sm_margin=100000)
+        np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), np.asarray(ro.astype(jnp.float32)))
+        np.testing.assert_array_equal(np.asarray(l), np.asarray(rl))
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("N,K,Hm", [(8, 8, 1), (8, 2, 2), (8, 1, 8), (6, 3, 3)])
+def test_hd_variant_gqa(d, N, K, Hm):
+    variants = _hd_variants_of(d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, 1, 400, 520, N, K, d, jnp.bfloat16)
+    _check(q, k, v, random_bounds(rng, 1, Hm, 400, 520), seed=seed, variants=variants)
+
+
+@pytest.mark.parametrize("var,d", HD_VARIANTS)
+def test_hd_variant_fully_masked_rows(var, d):
+    _hd_variant(var, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    Sq, Sk = 500, 400
+    q, k, v = _inputs(rng, 1, Sq, Sk, 2, 2, d, jnp.bfloat16)
+    b = np.zeros((1, 1, 4, Sk), np.int32)
+    b[:, :, 0], b[:, :, 1] = 10, 250  # rows 10..249 masked for every column (whole warpgroups)
+    b[:, :, 2], b[:, :, 3] = 380, 500  # and rows 380..499 (the last, partial 192-row tile)
+    _check(q, k, v, b, seed=seed, variants=[var])
+    everything = np.zeros((1, 1, 4, Sk), np.int32)
+    everything[:, :, 1] = Sq
+    out, lse = _cuda.forward(q, k, v, jnp.asarray(everything), scale=0.1, variant=var)
+    assert np.all(np.asarray(out.astype(jnp.float32)) == 0.0)
+    assert np.all(np.asarray(lse) == -np.inf)
+
+
+@pytest.mark.parametrize("var,d", HD_VARIANTS)
+def test_hd_variant_many_tiles_and_sm_margin(var, d):
+    """More query tiles than SMs (each persistent CTA walks several tiles, the round robin's barrier
+    counts must balance across tile boundaries), and sm_margin gives bit-identical outputs."""
+    _hd_variant(var, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, S, N, K = 2, 1500, 12, 4
+    q, k, v = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
+    for b in (causal_bounds(B, 1, S, S), random_bounds(rng, B, N, S, S)):
+        _check(q, k, v, b, seed=seed, variants=[var])
+        b = jnp.asarray(b)
+        ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
+        for margin in (1, 100, 100000):
+            o, l = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var, sm_margin=margin)
+            msg = f"seed={seed} variant={var} sm_margin={margin}"
+            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)),
+                                          np.asarray(ro.astype(jnp.float32)), err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l), np.asarray(rl), err_msg=msg)
+
+
+@pytest.mark.parametrize("var,d", HD_VARIANTS)
+def test_hd_variant_close_to_variant3(var, d):
+    """Same math as variant 3 with other tile sizes: only the accumulation order differs."""
+    _hd_variant(var, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    S = 3000
+    q, k, v = _inputs(rng, 1, S, S, 4, 2, d, jnp.bfloat16)
+    for name, b in _suite(S, seed).items():
+        b = jnp.asarray(b)
+        o3, l3 = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=3)
+        on, ln = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
+        msg = f"seed={seed} mask={name} variant={var}"
+        l3, ln = np.asarray(l3), np.asarray(ln)
+        np.testing.assert_array_equal(np.isfinite(l3), np.isfinite(ln), err_msg=msg)
+        fin = np.isfinite(l3)
+        np.testing.assert_allclose(ln[fin], l3[fin], atol=1e-3, rtol=1e-3, err_msg=msg)
+        np.testing.assert_allclose(np.asarray(on.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
+                                   atol=2e-2, rtol=2e-2, err_msg=msg)
+
+
+def test_hd_variant_wrong_head_dim():
+    rng = np.random.default_rng(0)
+    q, k, v = _inputs(rng, 1, 64, 64, 2, 2, 128, jnp.bfloat16)
+    b = causal_bounds(1, 1, 64, 64)
+    for var in (12, 13, 14, 15):
+        if var not in getattr(_cuda, "VARIANTS", ()):
+            continue
+        with pytest.raises(ValueError, match="head dim"):
+            _cuda.forward(q, k, v, jnp.asarray(b), scale=0.1, variant=var)
