@@ -274,7 +274,13 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14}
+    # 14: variant 5 with interleaved launch groups in deterministic mode; not a default
+    for d in (64, 128, 256):
+        assert _cuda.resolve_bwd_variant(14, d) == 14
+        assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != 14
+        assert _cuda.resolve_bwd_variant(None, d) != 14
+    assert _cuda._bwd_block_m(64, 14) == 64 and _cuda.MASK_REGS_BWD_VARIANTS[14] == 5
     # 12 / 13: lock-step consumer warpgroups (5 / 10 otherwise), d = 128 only (256: own kernel)
     assert _cuda.resolve_bwd_variant(12, 128) == 12 and _cuda.resolve_bwd_variant(13, 128) == 13
     assert _cuda.resolve_bwd_variant(12, 256) == 12

@@ -34,6 +34,7 @@
 #include "bwd_launch.cuh"
 
 #include <climits>
+#include <cstdlib>
 #include <tuple>
 #include <type_traits>
 
@@ -54,6 +55,7 @@ struct BwdTraits {
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
   static constexpr bool kLockstep = false;  // true: variants 12 / 13 (BwdLockstep)
+  static constexpr bool kDetGroups = false;  // true: variant 14 (BwdDetGroups)
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
@@ -165,6 +167,28 @@ struct BwdLockstep : Base {
                 "lock-step consumers: d = 128, 64-row tiles, one CTA per work item");
 };
 
+// Variant 14: variant 5's kernel with another CTA launch order in deterministic mode (only there:
+// in the default mode it is variant 5, launch and all). Variant 5's deterministic grid is
+// (nblk, K, B) with the key blocks of one (kv head, batch) pair fastest, descending: the ~132
+// CTAs that start together are the consecutive key blocks of one pair, i.e. whole documents of a
+// document mask, and all of them start at the document's first query tile. There each one's dQ
+// writer waits for the key block above it on every tile, so the j-th key block of a document
+// starts its adds ~j writer latencies late and its SM idles meanwhile (the -25 % on document at
+// 32K; benchmarks/NOTES_bwd_det.md, benchmarks/bwd_det_model.py). Variant 14 launches a 1-D grid
+// in which groups of a.det_group (kv head, batch) pairs are interleaved: position x -> group
+// x / (nblk * G), inside it key block nblk - 1 - r / gs descending and pair r % gs fastest (gs =
+// the group's size, the last group may be smaller). Consecutive key blocks of one pair are then
+// ~G launches apart, so a key block usually starts after the one above it is past the shared
+// tiles. Same per-tile summation order (descending key block), so every gradient is bitwise
+// variant 5's (dQ in deterministic mode too); same workspaces; deadlock-free for the same reason
+// (a CTA only waits for key blocks above it of its own pair, all at lower grid positions).
+constexpr int kDetGroupPairs = 8;  // variant 14's default G (the model's choice, NOTES_bwd_det.md)
+template <class Base>
+struct BwdDetGroups : Base {
+  static constexpr bool kDetGroups = true;
+  static_assert(!Base::kPersist, "one CTA per work item");
+};
+
 struct BwdArgs {
   const int32_t* bounds;
   const int32_t* meta;
@@ -191,6 +215,8 @@ struct BwdArgs {
   int* sched;
   int items_total;
   int sec_heads;
+  // Variant 14, deterministic mode: (kv head, batch) pairs per interleaved launch group (>= 1).
+  int det_group;
 };
 
 __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
@@ -387,6 +413,26 @@ __device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int q
   }
 }
 
+// (key block, kv head, batch) of this CTA of flashmask_bwd_pp_kernel; variant 14 in
+// deterministic mode: the interleaved 1-D launch order of BwdDetGroups.
+template <class T>
+__device__ __forceinline__ int3 bwd_pp_item(const BwdArgs& a) {
+  if constexpr (T::kDetGroups) {
+    if (a.deterministic) {
+      const int G = a.det_group, pairs = a.K * a.B;
+      const int64_t span = (int64_t)a.nblk * G;
+      const int64_t x = blockIdx.x;
+      const int grp = (int)(x / span);
+      const int r = (int)(x - grp * span);
+      const int p0 = grp * G, gs = min(G, pairs - p0);
+      const int pr = p0 + r % gs;
+      return make_int3(a.nblk - 1 - r / gs, pr % a.K, pr / a.K);
+    }
+  }
+  return make_int3(a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x,
+                   (int)blockIdx.y, (int)blockIdx.z);
+}
+
 template <class T, class TmaQ, class TmaK>
 __global__ void __launch_bounds__(T::kThreads, 1)
     flashmask_bwd_pp_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
@@ -403,8 +449,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int hk = blockIdx.y, b = blockIdx.z;
+  const int3 item = bwd_pp_item<T>(a);
+  const int n = item.x, hk = item.y, b = item.z;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
 
@@ -1475,6 +1521,24 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid(nblk, p.K, p.B);
+  a.det_group = 1;
+  if constexpr (T::kDetGroups) {
+    if (p.deterministic) {
+      if (items_total > INT32_MAX) {
+        if (err) *err = "flashmask sm90 backward: too many work items for variant 14";
+        return cudaErrorInvalidValue;
+      }
+      // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
+      // (timing experiments; read once per process)
+      static const int env_group = [] {
+        const char* s = std::getenv("JFM_BWD_DET_GROUP");
+        return s ? std::atoi(s) : 0;
+      }();
+      const int pairs = p.K * p.B;
+      a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
+      grid = dim3((unsigned)items_total, 1, 1);
+    }
+  }
   if constexpr (T::kPersist) {
     // L2 sections: as many (b, kv head) pairs as keep their Q + dO within ~24 MB (half the H200's
     // L2), so that the CTAs working on one section share the Q / dO tiles they stream.
@@ -1511,6 +1575,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
     }
   }
   if (p.variant == 10) return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D>>>(p, stream, err);
+  if (p.variant == 14) return launch_bwd_impl<BwdDetGroups<BwdTraits<Elem, D>>>(p, stream, err);
   if (p.variant == 11) {
     if constexpr (D == 64) {
       return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D, false, 128>>>(p, stream, err);
@@ -1528,7 +1593,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12 or 13";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13 or 14";
   return cudaErrorInvalidValue;
 }
 
