@@ -294,7 +294,7 @@ def test_cuda_kernel_variant_resolution():
         _cuda.resolve_bwd_variant(11, 128)
     assert [_cuda._bwd_block_m(64, v) for v in (5, 7, 10, 11)] == [64, 128, 64, 128]
     assert _cuda._bwd_block_m(256, 11) == 64 and _cuda._bwd_block_m(128, 10) == 64
-    for removed in (1, 4, 8, 9, 14):
+    for removed in (1, 4, 8, 9, 15):
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3
