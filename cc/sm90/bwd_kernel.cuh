@@ -55,7 +55,8 @@ struct BwdTraits {
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
   static constexpr bool kLockstep = false;  // true: variants 12 / 13 (BwdLockstep)
-  static constexpr bool kDetGroups = false;  // true: variant 14 (BwdDetGroups)
+  static constexpr bool kDetGroups = false;  // true: variants 14 / 15 (BwdDetGroups)
+  static constexpr bool kDetPipe = false;    // true: variant 15 (BwdDetPipe)
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
@@ -187,6 +188,24 @@ template <class Base>
 struct BwdDetGroups : Base {
   static constexpr bool kDetGroups = true;
   static_assert(!Base::kPersist, "one CTA per work item");
+};
+
+// Variant 15: variant 14 with a pipelined dQ writer in deterministic mode. Variant 5's writer,
+// per tile: bits -> bulk reduce -> wait for its completion -> own bit -> buffer free, so one
+// reduce's full L2 latency (plus the fences) is serial per tile, and when that exceeds the
+// consumers' tile time the CTA runs at the writer's pace (the model's reading of the -15 % on
+// full). Here the writer issues tile k's reduce, then waits until at most one bulk group is
+// pending (tile k-1's complete), publishes tile k-1's bit and frees its buffer: the reduces of
+// two tiles overlap (the two dQ buffers are both in flight). The per-tile order is unchanged (a
+// reduce is still issued only after the bits of every key block above it are set, and those are
+// set only after their reduces completed): bitwise variant 5's gradients. Deadlock-free: tile
+// k-1's bit now also waits for tile k's bits, which come only from key blocks above (launched
+// before). The later bit lengthens each chain link, so the interleaved launch of variant 14 is
+// kept (benchmarks/NOTES_bwd_det.md: pipelined writer without it is worse on document).
+template <class Base>
+struct BwdDetPipe : Base {
+  static constexpr bool kDetPipe = true;
+  static_assert(Base::kDetGroups && !Base::kLockstep, "variant 15 = variant 14 + pipelined writer");
 };
 
 struct BwdArgs {
@@ -548,6 +567,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if (warp == 1) {
       if (a.dq_bulk) {  // dQ writer
         int buf = 0, phase = 0;
+        // variant 15, deterministic: ordering-bit word and buffer of the tile whose reduce is
+        // still in flight (lane 0; -1: none)
+        [[maybe_unused]] int64_t pend_word = -1;
+        [[maybe_unused]] int pend_buf = 0;
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
@@ -574,16 +597,33 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           if (lane == 0) {
             bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            if (a.deterministic) {
-              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-              asm volatile("fence.proxy.async.global;\n" ::: "memory");
-              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
-                           "r"(1u << (n % 32))
-                           : "memory");
+            if (T::kDetPipe && a.deterministic) {
+              // variant 15: this tile's reduce is in flight; the previous tile's is complete once
+              // at most one group is pending: publish its bit and free its buffer now
+              if constexpr (T::kDetPipe) {
+                if (pend_word >= 0) {
+                  asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
+                  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                  asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
+                               "r"(1u << (n % 32))
+                               : "memory");
+                  Barrier::arrive(&ss.dq_empty[pend_buf]);
+                }
+                pend_word = base + n / 32;
+                pend_buf = buf;
+              }
             } else {
-              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+              if (a.deterministic) {
+                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
+                             "r"(1u << (n % 32))
+                             : "memory");
+              } else {
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+              }
+              Barrier::arrive(&ss.dq_empty[buf]);
             }
-            Barrier::arrive(&ss.dq_empty[buf]);
           }
           __syncwarp();
           if (++buf == 2) { buf = 0; phase ^= 1; }
@@ -591,6 +631,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if constexpr (T::kDetPipe) {
+          if (lane == 0 && pend_word >= 0) {  // the last tile's bit (its buffer is not reused)
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
+                         "r"(1u << (n % 32))
+                         : "memory");
+            Barrier::arrive(&ss.dq_empty[pend_buf]);
+          }
+        }
       }
     } else if (warp == 2) {
       if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
@@ -1525,7 +1574,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   if constexpr (T::kDetGroups) {
     if (p.deterministic) {
       if (items_total > INT32_MAX) {
-        if (err) *err = "flashmask sm90 backward: too many work items for variant 14";
+        if (err) *err = "flashmask sm90 backward: too many work items for variants 14 / 15";
         return cudaErrorInvalidValue;
       }
       // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
@@ -1576,6 +1625,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
   }
   if (p.variant == 10) return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D>>>(p, stream, err);
   if (p.variant == 14) return launch_bwd_impl<BwdDetGroups<BwdTraits<Elem, D>>>(p, stream, err);
+  if (p.variant == 15)
+    return launch_bwd_impl<BwdDetPipe<BwdDetGroups<BwdTraits<Elem, D>>>>(p, stream, err);
   if (p.variant == 11) {
     if constexpr (D == 64) {
       return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D, false, 128>>>(p, stream, err);
@@ -1593,7 +1644,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13 or 14";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14 or 15";
   return cudaErrorInvalidValue;
 }
 

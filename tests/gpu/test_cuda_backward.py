@@ -1070,20 +1070,21 @@ def test_d256_workspaces_use_64_key_blocks():
 
 # --------------------------------------------------------------------------- variant 14
 
-DETG = getattr(_cuda, "DET_GROUPS_BWD_VARIANT", None)
+DETGS = tuple(getattr(_cuda, "DET_GROUPS_BWD_VARIANTS", ()))
 
 
-def _need_detg():
-    if DETG is None or DETG not in VARIANTS or 5 not in VARIANTS:
-        pytest.skip("variants 14 and 5 not both under test")
+def _need_detg(variant):
+    if variant not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip(f"variants {variant} and 5 not both under test")
 
 
+@pytest.mark.parametrize("variant", DETGS)
 @pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("case", ["suite", "doc_many_pairs", "random_gqa_ragged", "one_pair",
                                   "empty_items", "many_words"])
-def test_det_groups_bitwise_equals_variant5(case, d):
+def test_det_groups_bitwise_equals_variant5(case, d, variant):
     """Variant 14 = variant 5 launched in interleaved groups of (kv head, batch) pairs in
-    deterministic mode (bwd_kernel.cuh BwdDetGroups): every CTA decodes its (key block, kv head,
+    deterministic mode (15: also the pipelined deterministic dQ writer, same order) (bwd_kernel.cuh BwdDetGroups): every CTA decodes its (key block, kv head,
     batch) from the 1-D grid, the per-tile dQ order stays descending key block, so dK/dV/dQ are
     bitwise variant 5's in deterministic mode (and in the default mode it is variant 5: dK/dV
     bitwise, dQ up to fp32 order). Cases: the twelve benchmark masks; documents with 3 x 3 = 9
@@ -1091,7 +1092,8 @@ def test_det_groups_bitwise_equals_variant5(case, d):
     ragged Sq / Sk and a mask head per query head; a single pair (G clamped to 1); key blocks that
     keep no tile; 36 key blocks (two ordering-bit words per tile). Deterministic runs repeated:
     bitwise the same."""
-    _need_detg()
+    DETG = variant
+    _need_detg(variant)
     _need(jnp.bfloat16, d)
     rng = np.random.default_rng(41)
     if case == "suite":
@@ -1124,14 +1126,16 @@ def test_det_groups_bitwise_equals_variant5(case, d):
         args = (q, k, v, bj, out, lse, do, dlse)
         _assert_bitwise_like_v5(args, dict(variant=DETG), f"case={case} mask {i} d={d}")
         r1, r2 = det(*args), det(*args)
-        _assert_same_bits(r1, r2, f"variant 14 case={case} mask {i} d={d}")
+        _assert_same_bits(r1, r2, f"variant {DETG} case={case} mask {i} d={d}")
 
 
+@pytest.mark.parametrize("variant", DETGS)
 @pytest.mark.parametrize("case", ["document", "causal_document", "random_gqa"])
-def test_det_groups_reference(case):
-    """Variant 14 deterministic against the float64 reference (the tolerances of _check), and
+def test_det_groups_reference(case, variant):
+    """Variants 14 / 15 deterministic against the float64 reference (the tolerances of _check), and
     bitwise repeatable with other work in between."""
-    _need_detg()
+    DETG = variant
+    _need_detg(variant)
     d = 128
     _need(jnp.bfloat16, d)
     seed = _seed()
@@ -1148,13 +1152,15 @@ def test_det_groups_reference(case):
     _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
          scale=0.1)
     second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _assert_same_bits(first, second, f"seed={seed} case={case} variant 14")
+    _assert_same_bits(first, second, f"seed={seed} case={case} variant {DETG}")
 
 
-def test_det_groups_large_documents():
+@pytest.mark.parametrize("variant", DETGS)
+def test_det_groups_large_documents(variant):
     """Long documents (8K, 8 pairs: one launch group; chains of up to ~20 key blocks spread over
     the grid): three deterministic runs bitwise equal to each other and to variant 5's."""
-    _need_detg()
+    DETG = variant
+    _need_detg(variant)
     _need(jnp.bfloat16, 128)
     rng = np.random.default_rng(3)
     B, S, N, K = 2, 8192, 8, 4
@@ -1166,4 +1172,4 @@ def test_det_groups_large_documents():
     runs = [f(q, k, v, bj, out, lse, do, variant=DETG) for _ in range(3)]
     r5 = f(q, k, v, bj, out, lse, do, variant=5)
     for r in runs[1:] + [r5]:
-        _assert_same_bits(runs[0], r, "variant 14 large documents")
+        _assert_same_bits(runs[0], r, f"variant {DETG} large documents")
