@@ -26,6 +26,9 @@
 // skipped tiles; until 2026-12-01 variant 9, now the only walk: benchmarks/NOTES_bwd_walkall.md).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
+// Variants 14 / 15 (BwdDetGroups / BwdDetPipe): variant 5 with interleaved launch groups of (kv
+// head, batch) pairs in deterministic mode, 15 also with a pipelined deterministic dQ writer
+// (benchmarks/NOTES_bwd_det.md); bitwise variant 5's gradients.
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
