@@ -326,6 +326,19 @@ DEFAULT_BWD_DQ_MODE = 1
 #      Same products per element as 5 in the same order: dK/dV bitwise equal to 5 (dQ too in
 #      deterministic mode).
 #  13: variant 12 with variant 10's element mask of partial tiles; bitwise equal to 12.
+#  14: variant 5 with another CTA launch order in deterministic mode (issue 4; in the default mode
+#      it is variant 5, launch included): a 1-D grid in which groups of G = 8 (kv head, batch)
+#      pairs are interleaved (key blocks descending, pair fastest), so that the key-block CTAs of
+#      one document no longer start together and wait for each other's ordered dQ adds tile by
+#      tile (benchmarks/NOTES_bwd_det.md: timeline model, 32K document -25 % deterministic).
+#      Same per-tile order (descending key block), same workspaces: every gradient bitwise
+#      variant 5's, dQ in deterministic mode too. JFM_BWD_DET_GROUP=G (environment, read once
+#      per process) overrides G for timing experiments. Not a default (not yet run on a GPU).
+#  15: variant 14 with a pipelined deterministic dQ writer: tile k's bulk reduce is issued before
+#      tile k-1's has completed; k-1's ordering bit and buffer follow once at most one reduce is
+#      pending (variant 5 waits for each reduce's completion before the next tile: in the model
+#      that serial latency is what costs full / causal ~15 %). Same order, bitwise variant 5's
+#      gradients; default mode = variant 5. Not a default (not yet run on a GPU).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -347,10 +360,13 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
-MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12}  # variant -> the variant it is bitwise equal to
+MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5}  # variant -> the variant it is bitwise equal to
+DET_GROUPS_BWD_VARIANT = 14  # variant 5 with interleaved launch groups in deterministic mode
+DET_PIPE_BWD_VARIANT = 15  # 14 with the pipelined deterministic dQ writer
+DET_GROUPS_BWD_VARIANTS = (DET_GROUPS_BWD_VARIANT, DET_PIPE_BWD_VARIANT)
 LOCKSTEP_BWD_VARIANTS = (12, 13)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 # The base variant: the deterministic default at d = 128 and d = 256's nominal number.
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
@@ -421,7 +437,10 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
     the element mask of partial tiles from registers (bitwise the same gradients). variant=12 / 13
     (d = 128 only; ValueError at d = 64): variant 5 / 10 with lock-step consumer warpgroups
-    (bitwise the same dK/dV as 5).
+    (bitwise the same dK/dV as 5). variant=14: variant 5 launched in interleaved groups of (kv
+    head, batch) pairs in deterministic mode (bitwise variant 5's gradients; for masks of many
+    short key-block chains such as documents, see benchmarks/NOTES_bwd_det.md). variant=15: 14 with
+    the pipelined deterministic dQ writer (bitwise variant 5's gradients too).
     """
     mod, reason = _load()
     if mod is None:

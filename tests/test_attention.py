@@ -274,7 +274,15 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15}
+    # 14: variant 5 with interleaved launch groups in deterministic mode, 15: 14 with the
+    # pipelined deterministic dQ writer; not defaults
+    for v in (14, 15):
+        for d in (64, 128, 256):
+            assert _cuda.resolve_bwd_variant(v, d) == v
+            assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != v
+            assert _cuda.resolve_bwd_variant(None, d) != v
+        assert _cuda._bwd_block_m(64, v) == 64 and _cuda.MASK_REGS_BWD_VARIANTS[v] == 5
     # 12 / 13: lock-step consumer warpgroups (5 / 10 otherwise), d = 128 only (256: own kernel)
     assert _cuda.resolve_bwd_variant(12, 128) == 12 and _cuda.resolve_bwd_variant(13, 128) == 13
     assert _cuda.resolve_bwd_variant(12, 256) == 12
@@ -288,7 +296,7 @@ def test_cuda_kernel_variant_resolution():
         _cuda.resolve_bwd_variant(11, 128)
     assert [_cuda._bwd_block_m(64, v) for v in (5, 7, 10, 11)] == [64, 128, 64, 128]
     assert _cuda._bwd_block_m(256, 11) == 64 and _cuda._bwd_block_m(128, 10) == 64
-    for removed in (1, 4, 8, 9, 14):
+    for removed in (1, 4, 8, 9, 16):
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     assert _cuda.resolve_variant(None) == 3

@@ -283,6 +283,21 @@ def test_bwd_mask_bits_check():
     assert model.mask_check(cases=5000) == 0
 
 
+def test_bwd_det_model():
+    """benchmarks/bwd_det_model.py (NOTES_bwd_det.md): variant 14's grid decoding is a bijection
+    with every key block above an item at a lower grid position (deadlock-free), and on a small
+    run of the timeline model the interleaved launch groups cut the deterministic cost on the
+    document mask, as the notes state."""
+    spec = importlib.util.spec_from_file_location("bwd_det_model", ROOT / "benchmarks" / "bwd_det_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.order_check() == 0
+    base = model.simulate("document", False, "x", 4)
+    v5 = model.simulate("document", True, "x", 4)
+    v14 = model.simulate("document", True, "g4", 4)
+    assert v14 < v5 and base <= v14 * 1.05, (base, v5, v14)
+
+
 def test_bwd_lockstep_model_runs():
     """benchmarks/bwd_lockstep_model.py (the timeline model of NOTES_bwd_full.md): both consumer
     schedules run to completion without a barrier deadlock, neither beats the tensor floor of

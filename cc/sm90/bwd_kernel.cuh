@@ -26,6 +26,9 @@
 // skipped tiles; until 2026-12-01 variant 9, now the only walk: benchmarks/NOTES_bwd_walkall.md).
 // Deterministic mode (BwdArgs::deterministic): dQ contributions to each query tile are added in
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
+// Variants 14 / 15 (BwdDetGroups / BwdDetPipe): variant 5 with interleaved launch groups of (kv
+// head, batch) pairs in deterministic mode, 15 also with a pipelined deterministic dQ writer
+// (benchmarks/NOTES_bwd_det.md); bitwise variant 5's gradients.
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
@@ -34,6 +37,7 @@
 #include "bwd_launch.cuh"
 
 #include <climits>
+#include <cstdlib>
 #include <tuple>
 #include <type_traits>
 
@@ -54,6 +58,8 @@ struct BwdTraits {
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
   static constexpr bool kLockstep = false;  // true: variants 12 / 13 (BwdLockstep)
+  static constexpr bool kDetGroups = false;  // true: variants 14 / 15 (BwdDetGroups)
+  static constexpr bool kDetPipe = false;    // true: variant 15 (BwdDetPipe)
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
   static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
@@ -165,6 +171,46 @@ struct BwdLockstep : Base {
                 "lock-step consumers: d = 128, 64-row tiles, one CTA per work item");
 };
 
+// Variant 14: variant 5's kernel with another CTA launch order in deterministic mode (only there:
+// in the default mode it is variant 5, launch and all). Variant 5's deterministic grid is
+// (nblk, K, B) with the key blocks of one (kv head, batch) pair fastest, descending: the ~132
+// CTAs that start together are the consecutive key blocks of one pair, i.e. whole documents of a
+// document mask, and all of them start at the document's first query tile. There each one's dQ
+// writer waits for the key block above it on every tile, so the j-th key block of a document
+// starts its adds ~j writer latencies late and its SM idles meanwhile (the -25 % on document at
+// 32K; benchmarks/NOTES_bwd_det.md, benchmarks/bwd_det_model.py). Variant 14 launches a 1-D grid
+// in which groups of a.det_group (kv head, batch) pairs are interleaved: position x -> group
+// x / (nblk * G), inside it key block nblk - 1 - r / gs descending and pair r % gs fastest (gs =
+// the group's size, the last group may be smaller). Consecutive key blocks of one pair are then
+// ~G launches apart, so a key block usually starts after the one above it is past the shared
+// tiles. Same per-tile summation order (descending key block), so every gradient is bitwise
+// variant 5's (dQ in deterministic mode too); same workspaces; deadlock-free for the same reason
+// (a CTA only waits for key blocks above it of its own pair, all at lower grid positions).
+constexpr int kDetGroupPairs = 8;  // variant 14's default G (the model's choice, NOTES_bwd_det.md)
+template <class Base>
+struct BwdDetGroups : Base {
+  static constexpr bool kDetGroups = true;
+  static_assert(!Base::kPersist, "one CTA per work item");
+};
+
+// Variant 15: variant 14 with a pipelined dQ writer in deterministic mode. Variant 5's writer,
+// per tile: bits -> bulk reduce -> wait for its completion -> own bit -> buffer free, so one
+// reduce's full L2 latency (plus the fences) is serial per tile, and when that exceeds the
+// consumers' tile time the CTA runs at the writer's pace (the model's reading of the -15 % on
+// full). Here the writer issues tile k's reduce, then waits until at most one bulk group is
+// pending (tile k-1's complete), publishes tile k-1's bit and frees its buffer: the reduces of
+// two tiles overlap (the two dQ buffers are both in flight). The per-tile order is unchanged (a
+// reduce is still issued only after the bits of every key block above it are set, and those are
+// set only after their reduces completed): bitwise variant 5's gradients. Deadlock-free: tile
+// k-1's bit now also waits for tile k's bits, which come only from key blocks above (launched
+// before). The later bit lengthens each chain link, so the interleaved launch of variant 14 is
+// kept (benchmarks/NOTES_bwd_det.md: pipelined writer without it is worse on document).
+template <class Base>
+struct BwdDetPipe : Base {
+  static constexpr bool kDetPipe = true;
+  static_assert(Base::kDetGroups && !Base::kLockstep, "variant 15 = variant 14 + pipelined writer");
+};
+
 struct BwdArgs {
   const int32_t* bounds;
   const int32_t* meta;
@@ -191,6 +237,8 @@ struct BwdArgs {
   int* sched;
   int items_total;
   int sec_heads;
+  // Variant 14, deterministic mode: (kv head, batch) pairs per interleaved launch group (>= 1).
+  int det_group;
 };
 
 __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
@@ -387,6 +435,26 @@ __device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int q
   }
 }
 
+// (key block, kv head, batch) of this CTA of flashmask_bwd_pp_kernel; variant 14 in
+// deterministic mode: the interleaved 1-D launch order of BwdDetGroups.
+template <class T>
+__device__ __forceinline__ int3 bwd_pp_item(const BwdArgs& a) {
+  if constexpr (T::kDetGroups) {
+    if (a.deterministic) {
+      const int G = a.det_group, pairs = a.K * a.B;
+      const int64_t span = (int64_t)a.nblk * G;
+      const int64_t x = blockIdx.x;
+      const int grp = (int)(x / span);
+      const int r = (int)(x - grp * span);
+      const int p0 = grp * G, gs = min(G, pairs - p0);
+      const int pr = p0 + r % gs;
+      return make_int3(a.nblk - 1 - r / gs, pr % a.K, pr / a.K);
+    }
+  }
+  return make_int3(a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x,
+                   (int)blockIdx.y, (int)blockIdx.z);
+}
+
 template <class T, class TmaQ, class TmaK>
 __global__ void __launch_bounds__(T::kThreads, 1)
     flashmask_bwd_pp_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
@@ -403,8 +471,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  const int hk = blockIdx.y, b = blockIdx.z;
+  const int3 item = bwd_pp_item<T>(a);
+  const int n = item.x, hk = item.y, b = item.z;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
 
@@ -502,6 +570,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else if (warp == 1) {
       if (a.dq_bulk) {  // dQ writer
         int buf = 0, phase = 0;
+        // variant 15, deterministic: ordering-bit word and buffer of the tile whose reduce is
+        // still in flight (lane 0; -1: none)
+        [[maybe_unused]] int64_t pend_word = -1;
+        [[maybe_unused]] int pend_buf = 0;
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
@@ -528,16 +600,33 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           if (lane == 0) {
             bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            if (a.deterministic) {
-              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-              asm volatile("fence.proxy.async.global;\n" ::: "memory");
-              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
-                           "r"(1u << (n % 32))
-                           : "memory");
+            if (T::kDetPipe && a.deterministic) {
+              // variant 15: this tile's reduce is in flight; the previous tile's is complete once
+              // at most one group is pending: publish its bit and free its buffer now
+              if constexpr (T::kDetPipe) {
+                if (pend_word >= 0) {
+                  asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
+                  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                  asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
+                               "r"(1u << (n % 32))
+                               : "memory");
+                  Barrier::arrive(&ss.dq_empty[pend_buf]);
+                }
+                pend_word = base + n / 32;
+                pend_buf = buf;
+              }
             } else {
-              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+              if (a.deterministic) {
+                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
+                             "r"(1u << (n % 32))
+                             : "memory");
+              } else {
+                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+              }
+              Barrier::arrive(&ss.dq_empty[buf]);
             }
-            Barrier::arrive(&ss.dq_empty[buf]);
           }
           __syncwarp();
           if (++buf == 2) { buf = 0; phase ^= 1; }
@@ -545,6 +634,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        if constexpr (T::kDetPipe) {
+          if (lane == 0 && pend_word >= 0) {  // the last tile's bit (its buffer is not reused)
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
+                         "r"(1u << (n % 32))
+                         : "memory");
+            Barrier::arrive(&ss.dq_empty[pend_buf]);
+          }
+        }
       }
     } else if (warp == 2) {
       if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
@@ -1475,6 +1573,24 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid(nblk, p.K, p.B);
+  a.det_group = 1;
+  if constexpr (T::kDetGroups) {
+    if (p.deterministic) {
+      if (items_total > INT32_MAX) {
+        if (err) *err = "flashmask sm90 backward: too many work items for variants 14 / 15";
+        return cudaErrorInvalidValue;
+      }
+      // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
+      // (timing experiments; read once per process)
+      static const int env_group = [] {
+        const char* s = std::getenv("JFM_BWD_DET_GROUP");
+        return s ? std::atoi(s) : 0;
+      }();
+      const int pairs = p.K * p.B;
+      a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
+      grid = dim3((unsigned)items_total, 1, 1);
+    }
+  }
   if constexpr (T::kPersist) {
     // L2 sections: as many (b, kv head) pairs as keep their Q + dO within ~24 MB (half the H200's
     // L2), so that the CTAs working on one section share the Q / dO tiles they stream.
@@ -1511,6 +1627,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
     }
   }
   if (p.variant == 10) return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D>>>(p, stream, err);
+  if (p.variant == 14) return launch_bwd_impl<BwdDetGroups<BwdTraits<Elem, D>>>(p, stream, err);
+  if (p.variant == 15)
+    return launch_bwd_impl<BwdDetPipe<BwdDetGroups<BwdTraits<Elem, D>>>>(p, stream, err);
   if (p.variant == 11) {
     if constexpr (D == 64) {
       return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D, false, 128>>>(p, stream, err);
@@ -1528,7 +1647,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12 or 13";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14 or 15";
   return cudaErrorInvalidValue;
 }
 

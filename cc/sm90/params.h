@@ -80,7 +80,9 @@ struct BwdParams {
                         // Sq_pad, dq_sem and the tile count at 128 rows); 10 / 11: variant 5 / 7
                         // with the element mask from registers (bwd_kernel.cuh BwdMaskRegs);
                         // 12 / 13: variant 5 / 10 with lock-step consumer warpgroups (d = 128
-                        // only; bwd_kernel.cuh BwdLockstep)
+                        // only; bwd_kernel.cuh BwdLockstep); 14: variant 5 with interleaved
+                        // launch groups in deterministic mode (bwd_kernel.cuh BwdDetGroups);
+                        // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

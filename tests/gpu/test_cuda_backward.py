@@ -1066,3 +1066,110 @@ def test_d256_workspaces_use_64_key_blocks():
     assert "tensor<1x2x2x2xi32>" in hlo  # [B, N, query tiles, ceil(33 / 32)]
     assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33), hlo)  # metadata at 64 keys
     _check(q, k, v, do, np.asarray(b), seed=0, rng=rng, fn=f)
+
+
+# --------------------------------------------------------------------------- variant 14
+
+DETGS = tuple(getattr(_cuda, "DET_GROUPS_BWD_VARIANTS", ()))
+
+
+def _need_detg(variant):
+    if variant not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip(f"variants {variant} and 5 not both under test")
+
+
+@pytest.mark.parametrize("variant", DETGS)
+@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("case", ["suite", "doc_many_pairs", "random_gqa_ragged", "one_pair",
+                                  "empty_items", "many_words"])
+def test_det_groups_bitwise_equals_variant5(case, d, variant):
+    """Variant 14 = variant 5 launched in interleaved groups of (kv head, batch) pairs in
+    deterministic mode (15: also the pipelined deterministic dQ writer, same order) (bwd_kernel.cuh BwdDetGroups): every CTA decodes its (key block, kv head,
+    batch) from the 1-D grid, the per-tile dQ order stays descending key block, so dK/dV/dQ are
+    bitwise variant 5's in deterministic mode (and in the default mode it is variant 5: dK/dV
+    bitwise, dQ up to fp32 order). Cases: the twelve benchmark masks; documents with 3 x 3 = 9
+    pairs (two launch groups at G = 8, the last one of 1 pair) and 40 key blocks; GQA 8 / 2 with
+    ragged Sq / Sk and a mask head per query head; a single pair (G clamped to 1); key blocks that
+    keep no tile; 36 key blocks (two ordering-bit words per tile). Deterministic runs repeated:
+    bitwise the same."""
+    DETG = variant
+    _need_detg(variant)
+    _need(jnp.bfloat16, d)
+    rng = np.random.default_rng(41)
+    if case == "suite":
+        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
+        bs = list(_suite(Sq, 41, B).values())
+    elif case == "doc_many_pairs":
+        B, Sq, Sk, N, K = 3, 5000, 5000, 3, 3
+        bs = [np.broadcast_to(_suite(Sq, 5, B)["document"], (B, 1, 4, Sk)).copy()]
+    elif case == "random_gqa_ragged":
+        B, Sq, Sk, N, K = 2, 1100, 1301, 8, 2
+        bs = [random_bounds(rng, B, N, Sq, Sk)]
+    elif case == "one_pair":
+        B, Sq, Sk, N, K = 1, 2000, 2000, 1, 1
+        bs = [causal_bounds(B, 1, Sq, Sk)]
+    elif case == "empty_items":
+        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
+        b = np.zeros((B, 1, 4, Sk), np.int32)
+        b[:, :, 0] = 0; b[:, :, 1] = Sq
+        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]
+        bs = [b]
+    else:
+        B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
+        bs = [random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)]
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DETG))
+    for i, b in enumerate(bs):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        args = (q, k, v, bj, out, lse, do, dlse)
+        _assert_bitwise_like_v5(args, dict(variant=DETG), f"case={case} mask {i} d={d}")
+        r1, r2 = det(*args), det(*args)
+        _assert_same_bits(r1, r2, f"variant {DETG} case={case} mask {i} d={d}")
+
+
+@pytest.mark.parametrize("variant", DETGS)
+@pytest.mark.parametrize("case", ["document", "causal_document", "random_gqa"])
+def test_det_groups_reference(case, variant):
+    """Variants 14 / 15 deterministic against the float64 reference (the tolerances of _check), and
+    bitwise repeatable with other work in between."""
+    DETG = variant
+    _need_detg(variant)
+    d = 128
+    _need(jnp.bfloat16, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, Sq, Sk, N, K = 2, 1200, 1200, 4, 2
+    if case == "random_gqa":
+        N, K = 8, 2
+        b = random_bounds(rng, B, 2, Sq, Sk)
+    else:
+        b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=DETG))
+    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
+         scale=0.1)
+    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _assert_same_bits(first, second, f"seed={seed} case={case} variant {DETG}")
+
+
+@pytest.mark.parametrize("variant", DETGS)
+def test_det_groups_large_documents(variant):
+    """Long documents (8K, 8 pairs: one launch group; chains of up to ~20 key blocks spread over
+    the grid): three deterministic runs bitwise equal to each other and to variant 5's."""
+    DETG = variant
+    _need_detg(variant)
+    _need(jnp.bfloat16, 128)
+    rng = np.random.default_rng(3)
+    B, S, N, K = 2, 8192, 8, 4
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    bj = jnp.asarray(np.broadcast_to(_suite(S, 0, B)["document"], (B, 1, 4, S)).copy())
+    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
+                static_argnames="variant")
+    runs = [f(q, k, v, bj, out, lse, do, variant=DETG) for _ in range(3)]
+    r5 = f(q, k, v, bj, out, lse, do, variant=5)
+    for r in runs[1:] + [r5]:
+        _assert_same_bits(runs[0], r, f"variant {DETG} large documents")
