@@ -354,7 +354,7 @@ DEFAULT_BWD_DQ_MODE = 1
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
-# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 10 at d = 128, (nominal) 5 at 256.
+# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 13 at d = 128, (nominal) 5 at 256.
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
@@ -379,10 +379,14 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
 # bitwise equal to the twin): d = 128 variant 10 vs 5 sliding_window 367 -> 386, causal_document
 # 370 -> 385, share_question 311 -> 341, random_eviction 400 -> 472 TFLOP/s; d = 64 variant 11 vs 7
 # full 392 -> 439, causal 396 -> 430, sliding_window 306 -> 345, causal_document 284 -> 343,
-# share_question 238 -> 278.
-DEFAULT_BWD_VARIANTS = {64: 11, 128: 10, 256: DEFAULT_BWD_VARIANT}
-# Deterministic mode at d = 128 keeps variant 5: there 10 is the slower one (s5 run 3, 32K:
-# full 426 vs 406, causal 442 vs 424 TFLOP/s, bitwise the same gradients).
+# share_question 238 -> 278. d = 128 then variant 13 (10 with lock-step consumer warpgroups; s5 run
+# 6, 32K: full 491 -> 513, causal 490 -> 514, document 440 -> 467, sliding_window 397 -> 415,
+# causal_document 394 -> 415, share_question 340 -> 361; s6 run 1: 72 GPU tests passed, memcheck 0
+# errors, racecheck 0 hazards).
+DEFAULT_BWD_VARIANTS = {64: 11, 128: 13, 256: DEFAULT_BWD_VARIANT}
+# Deterministic mode at d = 128 keeps variant 5: there 10 and 13 are not faster (s5 run 3, 32K:
+# full 426 vs 406 (10), causal 442 vs 424 (10); s5 run 6: 13 full 408, causal 424, document 350
+# against 5's 418 / 437 / 337).
 DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DEFAULT_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
@@ -391,7 +395,7 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
                         deterministic: bool = False) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 10 at d = 128, 5 at 256), or
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 13 at d = 128, 5 at 256), or
     DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (5 at d = 128). ValueError for a variant
     that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
@@ -431,7 +435,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 10 at d = 128 (resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 13 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
