@@ -371,16 +371,21 @@ class OursImpl(JaxImpl):
         if self.fn is None:
             raise Skip("jax_flashmask.attention does not exist yet")
 
+    # full and causal are called as a user would (and as cuDNN / Flex get them): no mask vectors,
+    # causal=True or not; the kernel then knows the structure (_cuda.DEFAULT_VARIANTS)
+    UNMASKED = ("full", "causal")
+
     def cache_key(self, case: Case):
-        return (case.causal, case.sri.shape[-1])
+        return (case.causal, case.sri.shape[-1], case.mask in self.UNMASKED)
 
     def attn(self, case: Case):
         impl = self.args.ours_implementation
         kw = {} if impl in (None, "", "default") else {"implementation": impl}
         causal = case.causal
+        vectors = case.mask not in self.UNMASKED
 
         def f(q, k, v, sri):
-            return self.fn(q, k, v, sri, causal=causal, **kw)
+            return self.fn(q, k, v, sri if vectors else None, causal=causal, **kw)
 
         return f
 

@@ -84,7 +84,22 @@ VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_V
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
 PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15)
 DEFAULT_VARIANT = 3
-LONG_KEYS = 32768  # from this many keys on, variant=None runs GROUP_SCAN_VARIANT
+LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key column of DEFAULT_VARIANTS
+# variant=None: DEFAULT_VARIANTS[head_dim][structure] = (variant below LONG_KEYS keys, from LONG_KEYS
+# on). structure: "full" / "causal" when attention() got no mask vectors (the mask is known to be
+# dense up to the causal edge), "general" otherwise. H200 session 6 run 2 (kernel_timing.py, 8K
+# and 32K, TFLOP/s): d = 64 full / causal variant 12 (three consumer warpgroups) 454 / 447 at 32K
+# against 3's 425 / 412 (cuDNN 461 / 448), but 12 loses on bands (sliding_window 310 vs 11's 354);
+# 11 (group walk + mask bits) wins the masked cases at 8K and 32K. d = 128: 11 over 7 at 32K and
+# 128K on every mask (full 613 -> 628, share_question 405 -> 462, random_eviction 457 -> 511 at
+# 32K). d = 256: 13 (key blocks of 80) full 671 (cuDNN 654), 15 (13 + paired tiles) causal 644
+# (3: 577), 15 on the masked cases at 32K, 3 at 8K (13 / 15 lose 9-10 % on sliding_window there).
+DEFAULT_VARIANTS = {
+    64: {"full": (12, 12), "causal": (12, 12), "general": (11, 11)},
+    128: {"full": (DEFAULT_VARIANT, 11), "causal": (DEFAULT_VARIANT, 11), "general": (DEFAULT_VARIANT, 11)},
+    256: {"full": (13, 13), "causal": (15, 15), "general": (DEFAULT_VARIANT, 15)},
+}
+STRUCTURES = ("full", "causal", "general")
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 # Variants compiled for one head dim only (variant -> head dim); forward() raises ValueError for
 # the others. Every other variant is compiled for 64, 128 and 256.
@@ -200,36 +215,43 @@ def check_variant_head_dim(variant: int, head_dim: int) -> None:
                          f"got d = {head_dim}; use variant 3 (the default) or None")
 
 
-def resolve_variant(variant: int | None, num_keys: int = 0) -> int:
-    """The forward kernel variant `forward(..., variant=variant)` runs on `num_keys` keys (None:
-    GROUP_SCAN_VARIANT from LONG_KEYS keys on, else DEFAULT_VARIANT); ValueError for one that is not
-    compiled. Needs neither the extension nor a GPU."""
+def resolve_variant(variant: int | None, num_keys: int = 0, head_dim: int = 128,
+                    structure: str = "general") -> int:
+    """The forward kernel variant `forward(..., variant=variant)` runs on `num_keys` keys of
+    `head_dim` for a mask of `structure` (None: DEFAULT_VARIANTS; see there); ValueError for one
+    that is not compiled. Needs neither the extension nor a GPU."""
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     if variant is None:
-        return GROUP_SCAN_VARIANT if int(num_keys) >= LONG_KEYS else DEFAULT_VARIANT
+        short, long = DEFAULT_VARIANTS.get(int(head_dim), DEFAULT_VARIANTS[128])[structure]
+        return long if int(num_keys) >= LONG_KEYS else short
     if int(variant) not in VARIANTS:
         raise ValueError(f"unknown forward kernel variant {variant}; valid: "
-                         f"{', '.join(map(str, VARIANTS))}, or None (variant {DEFAULT_VARIANT})")
+                         f"{', '.join(map(str, VARIANTS))}, or None (the default for the head dim)")
     return int(variant)
 
 
-def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_margin: int = 0):
+def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_margin: int = 0,
+            structure: str = "general"):
     """FlashMask forward on Hopper.
 
     q [B,Sq,N,d], k/v [B,Sk,K,d] (bf16/fp16), bounds int32 [B,Hm,4,Sk] (canonical LTS, LTE, UTS,
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15; the default is 3, 7 from
-    LONG_KEYS keys on) leave free, e.g.
-    for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15; every default) leave
+    free, e.g. for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
+    structure: "full" / "causal" when `bounds` is known to be the unmasked (or causal) mask,
+    "general" otherwise; only picks the default variant (DEFAULT_VARIANTS), the result is exact
+    for any bounds.
     """
     mod, reason = _load()
     if mod is None:
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
-    variant = resolve_variant(variant, Sk)
+    variant = resolve_variant(variant, Sk, d, structure)
     check_variant_head_dim(variant, d)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)

@@ -88,13 +88,14 @@ def _choose(implementation, query):
     return "xla"
 
 
-def _kernels(implementation: str, sm_margin: int = 0):
+def _kernels(implementation: str, sm_margin: int = 0, structure: str = "general"):
     """(forward, backward) for an implementation. Every backward takes `deterministic=`;
-    `sm_margin` only means something to the Hopper kernels."""
+    `sm_margin` and `structure` (the Hopper forward's default variant: "full" / "causal" when no
+    mask vectors were given) only mean something to the Hopper kernels."""
     if implementation == "reference":
         return _reference_forward, _reference_backward
     if implementation == "cuda":
-        return (functools.partial(_cuda.forward, sm_margin=sm_margin),
+        return (functools.partial(_cuda.forward, sm_margin=sm_margin, structure=structure),
                 functools.partial(_cuda.backward, sm_margin=sm_margin))
     return _xla.forward, _xla.backward
 
@@ -111,20 +112,20 @@ def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, determi
     return vjp((dout, dlse))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _flash(q, k, v, bounds, scale, implementation, deterministic, sm_margin):
-    fwd, _ = _kernels(implementation, sm_margin)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _flash(q, k, v, bounds, scale, implementation, deterministic, sm_margin, structure):
+    fwd, _ = _kernels(implementation, sm_margin, structure)
     return fwd(q, k, v, bounds, scale=scale)
 
 
-def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic, sm_margin):
-    fwd, _ = _kernels(implementation, sm_margin)
+def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic, sm_margin, structure):
+    fwd, _ = _kernels(implementation, sm_margin, structure)
     out, lse = fwd(q, k, v, bounds, scale=scale)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
 
-def _flash_bwd(scale, implementation, deterministic, sm_margin, residuals, cotangents):
+def _flash_bwd(scale, implementation, deterministic, sm_margin, structure, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
     _, bwd = _kernels(implementation, sm_margin)
@@ -189,12 +190,15 @@ def attention(
     causal = bool(causal)
     if startend_row_indices is None:
         bounds = unmasked_bounds(b, sk, causal=causal, q_len=sq)
+        structure = "causal" if causal else "full"
     else:
+        structure = "general"
         validate(startend_row_indices, causal=causal, q_len=sq, kv_len=sk, batch=b,
                  num_heads=n, num_kv_heads=kh)
         bounds = canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
         bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
     implementation = _choose(implementation, query)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic, int(sm_margin))
+    out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic, int(sm_margin),
+                      structure)
     return (out, lse) if return_residual else out

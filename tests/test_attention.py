@@ -299,8 +299,16 @@ def test_cuda_kernel_variant_resolution():
     for removed in (1, 4, 8, 9, 16):
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
+    # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
     assert _cuda.resolve_variant(None) == 3
-    assert _cuda.resolve_variant(None, 16384) == 3 and _cuda.resolve_variant(None, 32768) == 7
+    assert _cuda.resolve_variant(None, 16384) == 3 and _cuda.resolve_variant(None, 32768) == 11
+    assert [_cuda.resolve_variant(None, 8192, 64, s) for s in _cuda.STRUCTURES] == [12, 12, 11]
+    assert [_cuda.resolve_variant(None, 32768, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 15]
+    assert _cuda.resolve_variant(None, 8192, 256) == 3 and _cuda.resolve_variant(None, 8192, 128, "full") == 3
+    for d, table in _cuda.DEFAULT_VARIANTS.items():  # every default is compiled for its head dim
+        assert all(_cuda.variant_supported(v, jnp.bfloat16, d) for pair in table.values() for v in pair)
+    with pytest.raises(ValueError, match="structure must be one of"):
+        _cuda.resolve_variant(None, 8192, 128, "dense")
     assert _cuda.resolve_variant(3, 131072) == 3
     assert _cuda.resolve_variant(6) == 6
     assert _cuda.resolve_variant(7) == 7  # the two-level block walk (the number of a removed one reused)
@@ -311,7 +319,7 @@ def test_cuda_kernel_variant_resolution():
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
-    assert _cuda.resolve_variant(None, 8192) == 3 and _cuda.resolve_variant(None, 131072) == 7
+    assert _cuda.resolve_variant(None, 8192) == 3 and _cuda.resolve_variant(None, 131072) == 11
     for d in (64, 128, 256):
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
     assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS

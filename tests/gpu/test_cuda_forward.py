@@ -567,3 +567,28 @@ def test_hd_variant_wrong_head_dim():
             continue
         with pytest.raises(ValueError, match="head dim"):
             _cuda.forward(q, k, v, jnp.asarray(b), scale=0.1, variant=var)
+
+
+def test_default_variant_follows_mask_structure():
+    """attention() without mask vectors runs the dense default of the head dim (d = 64: 12,
+    d = 256 full: 13, causal: 15), with vectors the general one (_cuda.DEFAULT_VARIANTS), and the
+    dense default agrees with the general kernel on the same (causal) mask."""
+    import re
+    import jax_flashmask
+    from jax_flashmask import masks
+    rng = np.random.default_rng(_seed())
+    for d, S, want in ((64, 1000, {"full": 12, "causal": 12, "general": 11}),
+                       (256, 700, {"full": 13, "causal": 15, "general": 3})):
+        q, k, v = _inputs(rng, 1, S, S, 4, 2, d, jnp.bfloat16)
+        calls = {"full": lambda q, k, v: jax_flashmask.attention(q, k, v, implementation="cuda"),
+                 "causal": lambda q, k, v: jax_flashmask.attention(q, k, v, causal=True, implementation="cuda"),
+                 "general": lambda q, k, v: jax_flashmask.attention(
+                     q, k, v, masks.causal_document([S // 2, S - S // 2]), implementation="cuda")}
+        for structure, f in calls.items():
+            hlo = jax.jit(f).lower(q, k, v).as_text()
+            assert re.search(rf"variant = {want[structure]}\b", hlo), (d, structure)
+        dense = jax_flashmask.attention(q, k, v, causal=True, implementation="cuda")
+        b = jnp.asarray(causal_bounds(1, 1, S, S))
+        general, _ = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=want["general"])
+        np.testing.assert_allclose(np.asarray(dense, np.float32), np.asarray(general, np.float32),
+                                   atol=2e-2, rtol=2e-2, err_msg=f"d={d}")
