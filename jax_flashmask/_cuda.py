@@ -360,7 +360,10 @@ DEFAULT_BWD_DQ_MODE = 1
 #      tile k-1's has completed; k-1's ordering bit and buffer follow once at most one reduce is
 #      pending (variant 5 waits for each reduce's completion before the next tile: in the model
 #      that serial latency is what costs full / causal ~15 %). Same order, bitwise variant 5's
-#      gradients; default mode = variant 5. Not a default (not yet run on a GPU).
+#      gradients; default mode = variant 5. Not a default. Its first device run (2026-12-01) hung in
+#      deterministic mode (consumers' last section vs the delayed buffer release; fixed by a turn
+#      of its own for the last tile, benchmarks/NOTES_bwd_det.md "The variant 15 hang"; the fix is
+#      not yet run on a GPU).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200

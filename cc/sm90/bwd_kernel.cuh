@@ -204,7 +204,9 @@ struct BwdDetGroups : Base {
 // set only after their reduces completed): bitwise variant 5's gradients. Deadlock-free: tile
 // k-1's bit now also waits for tile k's bits, which come only from key blocks above (launched
 // before). The later bit lengthens each chain link, so the interleaved launch of variant 14 is
-// kept (benchmarks/NOTES_bwd_det.md: pipelined writer without it is worse on document).
+// kept (benchmarks/NOTES_bwd_det.md: pipelined writer without it is worse on document). Since a
+// buffer is now freed only once the next tile's dQ is stored, the consumers' last section stores
+// the last tile in a turn of its own in this mode (the variant 15 hang: NOTES_bwd_det.md).
 template <class Base>
 struct BwdDetPipe : Base {
   static constexpr bool kDetPipe = true;
@@ -929,6 +931,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       turn_begin();
       CUTE_UNROLL
       for (int u = 1; u >= 0; --u) {
+        if constexpr (T::kDetPipe) {
+          // Variant 15, deterministic: tile t's dQ in a turn of its own (both warpgroups: same t).
+          // Its put_dq waits for tile t-2's buffer, which the pipelined writer frees only after
+          // issuing tile t-1's reduce, i.e. after both warpgroups stored tile t-1; in one turn,
+          // warpgroup 0 would wait there while holding the turn warpgroup 1 needs to store tile
+          // t-1: every CTA with three or more kept tiles hung (benchmarks/NOTES_bwd_det.md, "The
+          // variant 15 hang"; benchmarks/bwd_det_protocol.py). One more turn in both warpgroups
+          // keeps the named-barrier phases matched.
+          if (u == 0 && a.deterministic && t >= 2) {
+            turn_end(false);
+            turn_begin();
+          }
+        }
         const int tu = t - u;
         if (tu >= 0) {
           const int st = tu & 1, par = (tu >> 1) & 1;
