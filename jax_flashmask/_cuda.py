@@ -92,11 +92,12 @@ LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key colu
 # against 3's 425 / 412 (cuDNN 461 / 448), but 12 loses on bands (sliding_window 310 vs 11's 354);
 # 11 (group walk + mask bits) wins the masked cases at 8K and 32K. d = 128: 11 over 7 at 32K and
 # 128K on every mask (full 613 -> 628, share_question 405 -> 462, random_eviction 457 -> 511 at
-# 32K). d = 256: 13 (key blocks of 80) full 671 (cuDNN 654), 15 (13 + paired tiles) causal 644
+# 32K); at 8K (run 3) 10 and 11 both over 3 on every mask (full 592 -> 603, document 518 -> 554,
+# random_eviction 440 -> 515), 10 and 11 within noise of each other: 11 at every length. d = 256: 13 (key blocks of 80) full 671 (cuDNN 654), 15 (13 + paired tiles) causal 644
 # (3: 577), 15 on the masked cases at 32K, 3 at 8K (13 / 15 lose 9-10 % on sliding_window there).
 DEFAULT_VARIANTS = {
     64: {"full": (12, 12), "causal": (12, 12), "general": (11, 11)},
-    128: {"full": (DEFAULT_VARIANT, 11), "causal": (DEFAULT_VARIANT, 11), "general": (DEFAULT_VARIANT, 11)},
+    128: {"full": (11, 11), "causal": (11, 11), "general": (11, 11)},
     256: {"full": (13, 13), "causal": (15, 15), "general": (DEFAULT_VARIANT, 15)},
 }
 STRUCTURES = ("full", "causal", "general")

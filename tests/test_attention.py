@@ -300,11 +300,11 @@ def test_cuda_kernel_variant_resolution():
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
-    assert _cuda.resolve_variant(None) == 3
-    assert _cuda.resolve_variant(None, 16384) == 3 and _cuda.resolve_variant(None, 32768) == 11
+    assert _cuda.resolve_variant(None) == 11
+    assert _cuda.resolve_variant(None, 16384) == 11 and _cuda.resolve_variant(None, 32768) == 11
     assert [_cuda.resolve_variant(None, 8192, 64, s) for s in _cuda.STRUCTURES] == [12, 12, 11]
     assert [_cuda.resolve_variant(None, 32768, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 15]
-    assert _cuda.resolve_variant(None, 8192, 256) == 3 and _cuda.resolve_variant(None, 8192, 128, "full") == 3
+    assert _cuda.resolve_variant(None, 8192, 256) == 3 and _cuda.resolve_variant(None, 8192, 128, "full") == 11
     for d, table in _cuda.DEFAULT_VARIANTS.items():  # every default is compiled for its head dim
         assert all(_cuda.variant_supported(v, jnp.bfloat16, d) for pair in table.values() for v in pair)
     with pytest.raises(ValueError, match="structure must be one of"):
@@ -319,7 +319,7 @@ def test_cuda_kernel_variant_resolution():
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
-    assert _cuda.resolve_variant(None, 8192) == 3 and _cuda.resolve_variant(None, 131072) == 11
+    assert _cuda.resolve_variant(None, 8192) == 11 and _cuda.resolve_variant(None, 131072) == 11
     for d in (64, 128, 256):
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
     assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
@@ -424,8 +424,8 @@ def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
         pytest.skip("jax_flashmask._cuda not importable")
     seen = []
 
-    def fwd(q, k, v, bounds, *, scale, sm_margin=0):
-        seen.append(("fwd", sm_margin))
+    def fwd(q, k, v, bounds, *, scale, sm_margin=0, structure="general"):
+        seen.append(("fwd", sm_margin, structure))
         return _xla.forward(q, k, v, bounds, scale=scale)
 
     def bwd(*a, sm_margin=0, **kw):
@@ -436,8 +436,8 @@ def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
     monkeypatch.setattr(att._cuda, "backward", bwd)
     q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
     jax.grad(lambda q: jnp.sum(att._flash(q, k, v, att.unmasked_bounds(1, 16, causal=True, q_len=16),
-                                          0.3, "cuda", False, 8)[0]))(q)
-    assert seen == [("fwd", 8), ("bwd", 8)]
+                                          0.3, "cuda", False, 8, "causal")[0]))(q)
+    assert seen == [("fwd", 8, "causal"), ("bwd", 8)]
 
 
 def test_deterministic_reaches_the_backward(monkeypatch):
