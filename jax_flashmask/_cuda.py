@@ -282,7 +282,9 @@ _BWD_BLOCK_M = 64   # query rows per tile (row-statistics padding), cc/sm90/para
 def _bwd_block_m(head_dim: int, variant: int) -> int:
     """Query rows per tile of the backward kernel (sizes the Sq padding of the dQ / row-statistics
     workspaces and the query-tile count of the ordering bits): 128 for variants 7 and 11 (d = 64 only),
-    kBwdBlockM = 64 otherwise (the d = 256 kernel too)."""
+    80 for variant 16 (d = 128 only), kBwdBlockM = 64 otherwise (the d = 256 kernel too)."""
+    if int(variant) in BWD_ROWS80_VARIANTS and int(head_dim) == 128:
+        return 80
     return 128 if int(variant) in BWD_ROWS128_VARIANTS and int(head_dim) == 64 else _BWD_BLOCK_M
 
 
@@ -386,7 +388,7 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
 MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5}  # variant -> the variant it is bitwise equal to
@@ -394,6 +396,9 @@ DET_GROUPS_BWD_VARIANT = 14  # variant 5 with interleaved launch groups in deter
 DET_PIPE_BWD_VARIANT = 15  # 14 with the pipelined deterministic dQ writer
 DET_GROUPS_BWD_VARIANTS = (DET_GROUPS_BWD_VARIANT, DET_PIPE_BWD_VARIANT)
 LOCKSTEP_BWD_VARIANTS = (12, 13)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
+# Variant 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (benchmarks/NOTES_bwd80.md); d = 128
+# only (ValueError at 64 and 256), Sq padded to a multiple of 80. Not a default.
+BWD_ROWS80_VARIANTS = (16,)
 # The base variant: the deterministic default at d = 128 and d = 256's nominal number.
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
@@ -440,6 +445,9 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
     if variant in LOCKSTEP_BWD_VARIANTS and head_dim == 64:  # (d = 256: one kernel for every variant)
         raise ValueError(f"backward kernel variant {variant} (lock-step consumers) is d = 128 only, "
                          f"got d = {head_dim}")
+    if variant in BWD_ROWS80_VARIANTS and head_dim != 128:
+        raise ValueError(f"backward kernel variant {variant} (80-row query tiles) is d = 128 only, "
+                         f"got d = {head_dim}")
     return variant
 
 
@@ -470,7 +478,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     (bitwise the same dK/dV as 5). variant=14: variant 5 launched in interleaved groups of (kv
     head, batch) pairs in deterministic mode (bitwise variant 5's gradients; for masks of many
     short key-block chains such as documents, see benchmarks/NOTES_bwd_det.md). variant=15: 14 with
-    the pipelined deterministic dQ writer (bitwise variant 5's gradients too).
+    the pipelined deterministic dQ writer (bitwise variant 5's gradients too). variant=16 (d = 128
+    only; ValueError elsewhere): variant 13 with 80-row query tiles (dQ computed transposed; its
+    workspaces padded to a multiple of 80 rows); dK / dV / dQ close to 13's, not bitwise.
     """
     mod, reason = _load()
     if mod is None:

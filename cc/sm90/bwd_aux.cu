@@ -88,6 +88,55 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
   }
 }
 
+// Variant 16 (80-row query tiles, d = 128; bwd_kernel.cuh kDqTrans): each 80 x 128 tile of the
+// workspace holds dQ^T in two slabs of 64 d-rows x 80 query columns (slab wq = d columns
+// [64*wq, 64*wq + 64)), each in the fragment order above with (row, col) = (d, query) and 10
+// column groups of 8: element (query r, d column c) at wq*64*80 + (((cc/16)*2 + (cc/8)%2)*10 +
+// r/8)*64 + 2*(4*(cc%8) + (r%8)/2) + r%2, cc = c % 64.
+constexpr int kRows80 = 80, kRows80D = 128, kRows80Pad = kRows80D + 4;
+__device__ __forceinline__ int dq80_frag_offset(int r, int c) {
+  const int wq = c / 64, cc = c % 64;
+  return wq * 64 * kRows80 + (((cc / 16) * 2 + (cc / 8) % 2) * (kRows80 / 8) + r / 8) * 64 +
+         2 * (4 * (cc % 8) + (r % 8) / 2) + (r % 2);
+}
+
+// One CTA per (80-row tile, head, batch): the tile (40 KB, contiguous) is read coalesced into
+// shared memory at its (query, d) place (row pitch 132 floats: the scatter of a warp's 64
+// consecutive floats hits 32 distinct banks), then each query row is written out as 128
+// contiguous outputs.
+template <class Elem>
+__global__ void __launch_bounds__(256) bwd_convert80_kernel(const float* __restrict__ acc,
+                                                            Elem* __restrict__ dq, int Sq, int N,
+                                                            int sq_pad, float scale) {
+  __shared__ float s[kRows80 * kRows80Pad];
+  const int mt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t tile = (((int64_t)b * N + h) * sq_pad + (int64_t)mt * kRows80) * kRows80D;
+  // inverse of dq80_frag_offset on float pairs: o = 2*p -> (slab, row group, col group, lane)
+  for (int p = threadIdx.x; p < kRows80 * kRows80D / 2; p += blockDim.x) {
+    const float2 x = *reinterpret_cast<const float2*>(acc + tile + 2 * p);
+    const int o = 2 * p;
+    const int wq = o / (64 * kRows80), w = o % (64 * kRows80);
+    const int blk = w / 64, ln = (w % 64) / 2;       // 64-float block, lane
+    const int rg = blk / (kRows80 / 8), kk = blk % (kRows80 / 8);
+    const int cc = (rg / 2) * 16 + (rg % 2) * 8 + ln / 4;  // d within the slab
+    const int r = kk * 8 + 2 * (ln % 4);                   // query (even), r + 1 in x.y
+    const int c = wq * 64 + cc;
+    s[r * kRows80Pad + c] = x.x;
+    s[(r + 1) * kRows80Pad + c] = x.y;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < kRows80 * kRows80D / 2; p += blockDim.x) {
+    const int r = p / (kRows80D / 2), c = 2 * (p % (kRows80D / 2));
+    const int i = mt * kRows80 + r;
+    if (i >= Sq) break;  // rows ascend with p
+    const float2 x = *reinterpret_cast<const float2*>(&s[r * kRows80Pad + c]);
+    cutlass::Array<Elem, 2> y;
+    y[0] = static_cast<Elem>(x.x * scale);
+    y[1] = static_cast<Elem>(x.y * scale);
+    *reinterpret_cast<cutlass::Array<Elem, 2>*>(dq + (((int64_t)b * Sq + i) * N + h) * kRows80D + c) = y;
+  }
+}
+
 // Variant 6 scheduler pre-pass. Query tiles of key block n that the kernel does not skip, for one
 // mask head: mblk minus the tiles lying entirely inside [LTSmax, LTEmin) or [UTSmax, UTEmin) (the
 // skip test of bwd_find_kept). Both are contiguous tile ranges; |R1 u R2| = |R1| + |R2| - |R1 n R2|.
@@ -165,6 +214,17 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
+  if (p.variant == 16 && p.d == kRows80D) {  // 80-row tiles, transposed fragment order
+    if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
+    const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
+    if (p.dtype == DType::kBF16)
+      bwd_convert80_kernel<cutlass::bfloat16_t><<<grid, 256, 0, stream>>>(
+          p.dq_accum, static_cast<cutlass::bfloat16_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
+    else
+      bwd_convert80_kernel<cutlass::half_t><<<grid, 256, 0, stream>>>(
+          p.dq_accum, static_cast<cutlass::half_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
+    return cudaGetLastError();
+  }
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((npairs + threads - 1) / threads, 132 * 16);
   if (p.dtype == DType::kBF16)

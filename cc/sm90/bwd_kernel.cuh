@@ -54,16 +54,21 @@ struct BwdTraits {
   static constexpr int D = D_, Bm = Bm_, Bn = kBwdBlockN, NWG = 2;
   static constexpr int Stages = 2;
   static constexpr int kDsBufs = 2;  // dS tiles in smem
-  static constexpr int kDqBufs = 2;  // fp32 dQ tiles in smem
+  static constexpr int kDqBufs = Bm_ == 80 ? 1 : 2;  // fp32 dQ tiles in smem
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
   static constexpr bool kLockstep = false;  // true: variants 12 / 13 (BwdLockstep)
   static constexpr bool kDetGroups = false;  // true: variants 14 / 15 (BwdDetGroups)
   static constexpr bool kDetPipe = false;    // true: variant 15 (BwdDetPipe)
+  // Bm = 80 (variant 16, BwdRows80): dQ^T = K^T dS^T (keys on K, d on M: 64 d-rows per warpgroup,
+  // the 80 query rows on N), one dQ buffer (the smem budget).
+  static constexpr bool kDqTrans = Bm_ == 80;
   static_assert(D == 64 || D == 128, "backward compiled for head dims 64 and 128");
   static_assert(Bn == 64 * NWG, "one warpgroup per 64 keys");
-  static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_),
-                "128-row query tiles: variant 7 (d = 64, one CTA per work item) only");
+  static_assert(Bm == kBwdBlockM || (Bm == 128 && D == 64 && !Persist_) ||
+                    (Bm == 80 && D == 128 && !Persist_),
+                "128-row query tiles: variant 7 (d = 64, one CTA per work item) only; 80-row: "
+                "variant 16 (d = 128)");
 
   // Q / dO ring (Bm, D, Stages), K-major; their (D, Bm, Stages) MN-major views for dK / dV.
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
@@ -102,13 +107,23 @@ struct BwdTraits {
   // accumulator fragment of each thread, lanes interleaved. Since kDqCols = D whenever the
   // slabs are row slabs, a 128-row tile is exactly two consecutive 64-row tiles of the Bm = 64
   // layout: the workspace layout and bwd_convert do not depend on Bm.
-  static constexpr int kDqCols = kDqRowSplit ? D : D / kDqWG, kDqKK = kDqCols / 8;
-  using DqAtomShape = std::conditional_t<kDqRowSplit, Shape<_64, Int<D>, Int<Bn>>,
-                                         Shape<_64, Int<D / kDqWG>, Int<Bn>>>;
-  using DqWGLayout = std::conditional_t<kDqRowSplit, Layout<Shape<Int<NWG>, _1, _1>>,
+  // Variant 16 (kDqTrans, Bm = 80): the tile is the transposed dQ^T (d x Bm) in two 64-d-row
+  // slabs, slab wq = warpgroup wq's accumulator (d rows [64*wq, 64*wq + 64), all Bm query
+  // columns), wq*64*Bm floats apart, with the same formula over (slab row = d, column = query):
+  // kDqCols = Bm, kDqKK = Bm / 8 (bwd_aux.cu dq80_frag_offset reads it back).
+  static constexpr int kDqCols = kDqTrans ? Bm : kDqRowSplit ? D : D / kDqWG, kDqKK = kDqCols / 8;
+  using DqAtomShape = std::conditional_t<
+      kDqTrans, Shape<_64, Int<Bm>, Int<Bn>>,
+      std::conditional_t<kDqRowSplit, Shape<_64, Int<D>, Int<Bn>>,
+                         Shape<_64, Int<D / kDqWG>, Int<Bn>>>>;
+  using DqWGLayout = std::conditional_t<kDqRowSplit || kDqTrans, Layout<Shape<Int<NWG>, _1, _1>>,
                                         Layout<Shape<_1, Int<kDqWG>, _1>>>;
+  // dQ = dS K: A = dS (K-major), B = K^T (MN-major); dQ^T = K^T dS^T: A = K^T (MN-major), B = dS
+  // (K-major: the same smem tile read as (Bm, Bn)).
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, DqAtomShape, GMMA::Major::K, GMMA::Major::MN>(),
+      GMMA::ss_op_selector<Elem, Elem, float, DqAtomShape,
+                           kDqTrans ? GMMA::Major::MN : GMMA::Major::K,
+                           kDqTrans ? GMMA::Major::K : GMMA::Major::MN>(),
       DqWGLayout{}));
 
   // The tile's row statistics (lse2, D) by bulk copy with its Q / dO stage, and the mbarriers
@@ -167,9 +182,19 @@ struct BwdMaskRegs : Base {
 template <class Base>
 struct BwdLockstep : Base {
   static constexpr bool kLockstep = true;
-  static_assert(Base::D == 128 && Base::Bm == 64 && !Base::kPersist,
-                "lock-step consumers: d = 128, 64-row tiles, one CTA per work item");
+  static_assert(Base::D == 128 && (Base::Bm == 64 || Base::Bm == 80) && !Base::kPersist,
+                "lock-step consumers: d = 128, 64- or 80-row tiles, one CTA per work item");
 };
+
+// Variant 16 (d = 128): variant 13 (BwdLockstep<BwdMaskRegs<...>>) with 80-row query tiles
+// (BwdTraits Bm_ = 80; benchmarks/NOTES_bwd80.md). S^T / dP^T are 64 keys x 80 queries per
+// warpgroup (N = 80), dV / dK reduce over K = 80 query rows, and the dQ GEMM is computed
+// transposed, dQ^T = K^T dS^T: M = d (64 rows per warpgroup), N = 80 queries, K = 128 keys, A = K
+// from smem read MN-major, B = the dS tile read K-major. The fp32 dQ^T tile goes to one smem buffer
+// (40 KB; two would exceed the 227 KB of shared memory) in the kDqTrans fragment order, and
+// bwd_aux.cu's 80-row converter reads it back. Same per-tile order as 13 over 80-row tiles.
+template <class Elem, int D>
+using BwdRows80 = BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D, false, 80>>>;
 
 // Variant 14: variant 5's kernel with another CTA launch order in deterministic mode (only there:
 // in the default mode it is variant 5, launch and all). Variant 5's deterministic grid is
@@ -467,7 +492,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert(T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2, "PP layout");
+  static_assert((T::kDqBufs == 2 || (T::kDqBufs == 1 && T::kLockstep)) && T::kDsBufs == 2 && S == 2,
+                "PP layout");
   constexpr int kConsumers = 128 * T::NWG;
 
   extern __shared__ __align__(1024) char smem_raw[];
@@ -482,8 +508,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
       Barrier::init(&ss.empty[s], kConsumers);
-      Barrier::init(&ss.dq_full[s], kConsumers);
-      Barrier::init(&ss.dq_empty[s], 1);
+      if (s < T::kDqBufs) {  // variant 16: one dQ buffer
+        Barrier::init(&ss.dq_full[s], kConsumers);
+        Barrier::init(&ss.dq_empty[s], 1);
+      }
       if constexpr (!T::kLockstep) {
         Barrier::init(&ss.x.ds_full[s], kConsumers);
         Barrier::init(&ss.x.ds_empty[s], kConsumers);
@@ -631,7 +659,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             }
           }
           __syncwarp();
-          if (++buf == 2) { buf = 0; phase ^= 1; }
+          if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
@@ -672,13 +700,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
   Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+  // dQ GEMM operands: A = dS (buffer mode last), B = K^T; variant 16 (kDqTrans): A = K^T, B = dS
+  Tensor tdQrdS = [&] {
+    if constexpr (T::kDqTrans) return thr_dq.partition_fragment_B(sdS);
+    else return thr_dq.partition_fragment_A(sdS);
+  }();
+  Tensor tdQrK = [&] {
+    if constexpr (T::kDqTrans) return thr_dq.partition_fragment_A(sKt);
+    else return thr_dq.partition_fragment_B(sKt);
+  }();
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
+  Tensor tdQrdQ = partition_fragment_C(
+      mma_dq, std::conditional_t<T::kDqTrans, Shape<Int<D>, Int<Bm>>, Shape<Int<Bm>, Int<D>>>{});
   Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
   Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
   const int wg = ctid / 128;
@@ -806,7 +842,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       uint32_t cmask[2] = {0u, 0u};  // variants 10 / 11: element bits of the two key columns
       if constexpr (T::kMaskRegs) {
         if (partial) {
-          if (g != g_bnd) {  // first partial tile of this query head: its mask head's bounds
+          // variant 16: reloaded on every partial tile (8 loads under the S / dP GEMMs), so that
+          // the bounds are not live across the loop (9 registers it does not have at Bm = 80)
+          if (T::kDqTrans || g != g_bnd) {  // first partial tile of this query head: its mask head's bounds
             g_bnd = g;
             const int hm = h / a.heads_per_mask;
             const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
@@ -909,15 +947,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
         store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
         pp_fence_async_smem();
+        if constexpr (T::kDqTrans) {
+          // variant 16: dV retired before the dQ GEMM is issued, so that P's 20 registers are
+          // free while the dQ accumulator (40) and dS (20) are in flight: 188 + the rest, not 208
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tdVrdV);
+          warpgroup_fence_operand(tPrP);
+        }
         asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
-        wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        warpgroup_wait<1>();  // dV retired: P's registers are free
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tPrP);
+        if constexpr (T::kDqTrans) wgmma_gemm<true, -1, false>(mma_dq, tdQrK, tdQrdS(_, _, _, st), tdQrdQ);
+        else wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+        if constexpr (!T::kDqTrans) {
+          warpgroup_wait<1>();  // dV retired: P's registers are free
+          warpgroup_fence_operand(tdVrdV);
+          warpgroup_fence_operand(tPrP);
+        }
         wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
         warpgroup_wait<1>();  // dQ retired (dK in flight)
         warpgroup_fence_operand(tdQrdQ);
-        put_dq(st, par, ((int64_t)(b * a.N + h) * a.mblk + m) * (Bm * D));
+        // variant 16: one dQ buffer, tile t is its use t (parity t % 2)
+        put_dq(T::kDqBufs == 2 ? st : 0, T::kDqBufs == 2 ? par : (t & 1),
+               ((int64_t)(b * a.N + h) * a.mblk + m) * (Bm * D));
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tPrdS);
@@ -1662,8 +1712,25 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14 or 15";
+  if (p.variant == 16) {
+    // compiled in its own translation units (inst/bwd_*_d128_r80.cu)
+    if constexpr (D == 128) {
+      return launch_bwd_rows80<Elem>(p, stream, err);
+    } else {
+      if (err) *err = "flashmask sm90 backward: kernel variant 16 (80-row query tiles) is d = 128 only";
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15 or 16";
   return cudaErrorInvalidValue;
 }
+
+#ifdef JFM_BWD_ROWS80_INST
+// Variant 16 (BwdRows80), defined only in inst/bwd_*_d128_r80.cu.
+template <class Elem>
+cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err) {
+  return launch_bwd_impl<BwdRows80<Elem, 128>>(p, stream, err);
+}
+#endif
 
 }  // namespace jfm::sm90

@@ -82,7 +82,9 @@ struct BwdParams {
                         // 12 / 13: variant 5 / 10 with lock-step consumer warpgroups (d = 128
                         // only; bwd_kernel.cuh BwdLockstep); 14: variant 5 with interleaved
                         // launch groups in deterministic mode (bwd_kernel.cuh BwdDetGroups);
-                        // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe)
+                        // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe);
+                        // 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (d = 128 only:
+                        // Sq_pad, dq_sem and the tile count at 80 rows; bwd_kernel.cuh BwdRows80)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).
@@ -90,7 +92,8 @@ struct BwdParams {
 };
 
 constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this); variant 7
-                                 // (d = 64): 128 (BwdTraits Bm_, _cuda._bwd_block_m)
+                                 // (d = 64): 128, variant 16 (d = 128): 80 (BwdTraits Bm_,
+                                 // _cuda._bwd_block_m)
 constexpr int kBwdBlockN = 128;  // keys per CTA (metadata granularity of the backward)
 
 cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err);
