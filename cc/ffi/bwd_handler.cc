@@ -108,10 +108,11 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   // removed: 1-4, 8, 9 (9 = the O(1) tile walk, now in every variant)
   // 12 / 13: lock-step consumers, d = 128 only (the launcher refuses other head dims)
   // 14: variant 5 with interleaved (kv head, batch) launch groups in deterministic mode; 15: 14
-  // with a pipelined deterministic dQ writer
-  if (!((variant >= 5 && variant <= 7) || (variant >= 10 && variant <= 15)))
+  // with a pipelined deterministic dQ writer; 17: 13 with 15's writer and launch groups sized on
+  // the device in deterministic mode (d = 128; d = 256 runs its own kernel for every variant)
+  if (!((variant >= 5 && variant <= 7) || (variant >= 10 && variant <= 15) || variant == 17))
     return ffi::Error::InvalidArgument(
-        "flashmask_bwd: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14 or 15");
+        "flashmask_bwd: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15 or 17");
   p.variant = variant;
   if (sm_margin < 0)
     return ffi::Error::InvalidArgument("flashmask_bwd: sm_margin must be >= 0");

@@ -82,7 +82,9 @@ struct BwdParams {
                         // 12 / 13: variant 5 / 10 with lock-step consumer warpgroups (d = 128
                         // only; bwd_kernel.cuh BwdLockstep); 14: variant 5 with interleaved
                         // launch groups in deterministic mode (bwd_kernel.cuh BwdDetGroups);
-                        // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe)
+                        // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe);
+                        // 17: 13 with 15's writer and 14's launch groups, G chosen per launch
+                        // on the device (d = 128 only; BwdDetAuto, bwd_det_group_sm90)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).
