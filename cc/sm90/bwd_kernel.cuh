@@ -637,11 +637,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               if constexpr (T::kDetPipe) {
                 if (pend_word >= 0) {
                   asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
+                  // variant 17: the previous tile's reduce is complete, so it has read its smem
+                  // buffer: free it before the fences of its bit (the lock-step consumers wait for
+                  // it in the iteration that follows)
+                  if constexpr (T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                   asm volatile("fence.proxy.async.global;\n" ::: "memory");
                   asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
                                "r"(1u << (n % 32))
                                : "memory");
-                  Barrier::arrive(&ss.dq_empty[pend_buf]);
+                  if constexpr (!T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                 }
                 pend_word = base + n / 32;
                 pend_buf = buf;
