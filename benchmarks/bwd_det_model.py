@@ -76,10 +76,38 @@ def simulate(mask, det, order="x", heads=16, T=2.77, Tp=3.0, s=0.4, Rr=0.3, Rc=1
     # per tile m of each head: {key block -> bit time}; the predecessor of n on m = next higher
     # kept key block (descending order)
     items = []
+    pred = None  # variant 17: (n, m) -> the key block before n in tile m's summation order
     if order == "x":
         for h in range(heads):
             for x in range(nblk):
                 items.append((nblk - 1 - x, h))
+    elif order.startswith("pi"):
+        # variant 17: per (kv head, batch) pair, key blocks in pi_order (and each tile's dQ summed
+        # in that order); pairs one after the other ("pi") or G pairs interleaved ("piG")
+        G = int(order[2:]) if len(order) > 2 else 1
+        perm = pi_order([lo if hi > lo else S // BM for lo, hi in rng])
+        keep = {}
+        for nn in perm:
+            lo, hi = rng[nn]
+            for m in range(lo, hi):
+                keep.setdefault(m, []).append(nn)
+        pred = {}
+        for m, lst in keep.items():  # keepers of tile m in summation (= launch) order
+            for i in range(1, len(lst)):
+                pred[(lst[i], m)] = lst[i - 1]
+        for g0 in range(0, heads, G):
+            gs = min(G, heads - g0)
+            for r in range(nblk * gs):
+                items.append((perm[r // gs], g0 + r % gs))
+    elif order.startswith("lv"):
+        # variant 17: per (kv head, batch) pair, key blocks by (level, descending key block),
+        # pairs one after the other ("lv") or G pairs interleaved level by level ("lvG")
+        G = int(order[2:]) if len(order) > 2 else 1
+        perm = level_order([(lo, hi - 1) for lo, hi in rng])
+        for g0 in range(0, heads, G):
+            gs = min(G, heads - g0)
+            for r in range(nblk * gs):
+                items.append((perm[r // gs], g0 + r % gs))
     else:
         G = int(order[1:])
         for g0 in range(0, heads, G):
@@ -111,7 +139,9 @@ def simulate(mask, det, order="x", heads=16, T=2.77, Tp=3.0, s=0.4, Rr=0.3, Rc=1
             if det and not nowait:
                 # predecessor: the next higher key block keeping tile m (same head)
                 p = -1.0
-                nn = n + 1
+                nn = n + 1 if pred is None else nblk
+                if pred is not None and (n, m) in pred:
+                    p = bit[(h, m, pred[(n, m)])]
                 while nn < nblk:
                     if rng[nn][0] <= m < rng[nn][1]:
                         p = bit[(h, m, nn)]
@@ -140,6 +170,69 @@ def simulate(mask, det, order="x", heads=16, T=2.77, Tp=3.0, s=0.4, Rr=0.3, Rc=1
         end = max(end, te)
         heapq.heappush(free, te)
     return end
+
+
+def levels(hull):
+    """Variant 17's chain levels: hull[n] = (first, last) kept query tile of key block n over the
+    heads of its kv group (first > last: keeps none). level(n) = 0 if no key block above n has a
+    hull meeting n's, else 1 + the largest level among those. A key block waits only for key blocks
+    above it that keep one of its tiles, whose hulls meet its own: they all have lower levels."""
+    nblk = len(hull)
+    lev = [0] * nblk
+    for n in range(nblk - 1, -1, -1):
+        lo, hi = hull[n]
+        best = -1
+        if lo <= hi:
+            for m in range(n + 1, nblk):
+                a, b = hull[m]
+                if a <= b and a <= hi and lo <= b:
+                    best = max(best, lev[m])
+        lev[n] = best + 1
+    return lev
+
+
+def level_order(hull):
+    """Key blocks of one pair in variant 17's launch order: ascending level, descending key block
+    within a level. Host twin of bwd_level_order_kernel (rank of n = #{level < level(n)} +
+    #{m > n, level(m) == level(n)})."""
+    lev = levels(hull)
+    return sorted(range(len(hull)), key=lambda n: (lev[n], -n))
+
+
+def pi_order(first):
+    """Variant 17's per-pair key-block order (launch order and every query tile's dQ summation
+    order). first[n] = the first query tile key block n keeps (over its kv group's heads; mblk if
+    none). Key blocks with the same first tile form a group (a document's key blocks; a single one
+    per key block on causal / sliding-window masks; all of them on full); r(n) = number of key
+    blocks of its group above n. Order: ascending r, then descending first tile, then descending
+    key block. Full and causal: descending key block (variant 5's order); documents: round robin
+    over the documents (last to first), each walked top down. Host twin of bwd_pi_order_kernel:
+    position(n) = #{n' : key(n') < key(n)}."""
+    nblk = len(first)
+    r = [sum(1 for m in range(n + 1, nblk) if first[m] == first[n]) for n in range(nblk)]
+    return sorted(range(nblk), key=lambda n: (r[n], -first[n], -n))
+
+
+def auto_group(kept, first, nblk, mblk, pairs, cap=8):
+    """Host twin of bwd_det_group_kernel (variant 17's launch group size). kept[i] / first[i] = kept
+    query tiles / first kept tile of item i = (batch * Hm + mask head) * nblk + key block."""
+    cap = max(1, min(cap, pairs))
+    tot = sum(kept)
+    live = sum(1 for k in kept if k > 0)
+    co = sum(1 for i, k in enumerate(kept) if k > 0 and i % nblk + 1 < nblk and first[i] == first[i + 1])
+    if live == 0 or 2 * co < live:
+        return 1
+    g = cap if tot == 0 else mblk * len(kept) // tot
+    return max(1, min(g, cap))
+
+
+def suite_group(mask, pairs=128):
+    """Variant 17's G on one of the model's masks (32K, every pair the same mask)."""
+    rng = kept_ranges(mask)
+    mblk = S // BM
+    kept = [hi - lo for lo, hi in rng]
+    first = [lo if hi > lo else mblk for lo, hi in rng]
+    return auto_group(kept, first, len(rng), mblk, pairs)
 
 
 def det_group_item(x: int, nblk: int, K: int, B: int, G: int):
@@ -187,6 +280,52 @@ REGIMES = {
 }
 
 
+# H200 2026-12-01 s6 (32K, B = 4, H = 32, d = 128, bf16, backward TFLOP/s): default-mode bodies
+# (variant 10 = 5's ping-pong body with the mask in registers, s5 run 6; variant 13 = lock-step,
+# today's protocol run) and deterministic variants 5, 13, 14, 15.
+MEASURED = {
+    "default_v10": dict(full=491, causal=490, document=440, causal_document=394),
+    "default_v13": dict(full=509, causal=504, document=476, causal_document=437),
+    "det_v5": dict(full=417, causal=438, document=337, causal_document=358),
+    "det_v13": dict(full=398, causal=414, document=352, causal_document=352),
+    "det_v14": dict(full=376, document=384, causal_document=344),
+    "det_v15": dict(full=403, causal=349, document=383, causal_document=355),
+}
+# Refit (today): the tile time of each body from its default full rate (10.49 MFLOP per 64 x 128
+# tile over 132 SMs), the writer's serial per-tile cost W = wfix + Rc from the deterministic full
+# loss of that body (writer-bound: det tile time ~ W): v5 body 417 -> 3.32 us (the 2026-12-01
+# fit had 3.2), lock-step body 398 -> 3.48 us (its consumers idle while the writer is late, the
+# ping-pong hides part of it). Rc = 2.0 (reduce to completion + release), poll = 0.8 kept.
+FIT = {
+    "v5body": dict(T=2.82, Tp=3.05, Rc=2.0, poll=0.8, wfix=1.32),
+    "v13body": dict(T=2.72, Tp=2.95, Rc=2.0, poll=0.8, wfix=1.48),
+}
+
+
+def fit_table(heads=32, masks=("full", "causal", "document", "causal_document")):
+    """Model (time increase over the same body's default) for today's configurations, next to the
+    measured increase: v5 / v14 / v15 on the v5 body (vs v10 default), v13 / v17 on the lock-step
+    body (vs v13 default); v17 = pipelined writer + G from the device rule (suite_group)."""
+    rows = []
+    for mk in masks:
+        for body, cfgs in (("v5body", (("det_v5", "x", False), ("det_v14", "g8", False),
+                                        ("det_v15", "g8", True))),
+                           ("v13body", (("det_v13", "x", False), ("det_v17", None, True)))):
+            cfg = FIT[body]
+            base = simulate(mk, False, "x", heads, **cfg)
+            dflt = MEASURED["default_v10" if body == "v5body" else "default_v13"][mk]
+            for name, order, pipe in cfgs:
+                if order is None:
+                    G = suite_group(mk)
+                    order = "x" if G == 1 else f"g{G}"
+                t = simulate(mk, True, order, heads, pipe=pipe, **cfg)
+                model = 100 * (t / base - 1)
+                meas = MEASURED.get(name, {}).get(mk)
+                rows.append((mk, name, order + ("+pipe" if pipe else ""), model,
+                             None if meas is None else 100 * (dflt / meas - 1), dflt / (1 + model / 100)))
+    return rows
+
+
 def chain_table(S=S, docs=DOCS):
     """Per document: key blocks (chain depth), query tiles per CTA, the co-launch fill estimate."""
     rows = []
@@ -205,7 +344,14 @@ def main():
     ap.add_argument("--nbuf", type=int, nargs="+", default=[2])
     ap.add_argument("--pipe", action="store_true", help="also the pipelined deterministic writer")
     ap.add_argument("--order-check", action="store_true", help="check variant 14's grid decoding")
+    ap.add_argument("--fit", action="store_true", help="today's refit: model vs measured, v17")
     a = ap.parse_args()
+    if a.fit:
+        print(f"{'mask':16s} {'config':8s} {'order':9s} {'model':>8s} {'measured':>9s} {'model TFLOP/s':>14s}")
+        for mk, name, order, model, meas, tf in fit_table(a.heads, a.masks):
+            ms = "-" if meas is None else f"{meas:+.1f}%"
+            print(f"{mk:16s} {name:8s} {order:9s} {model:+7.1f}% {ms:>9s} {tf:14.0f}", flush=True)
+        return
     if a.order_check:
         bad = order_check()
         print("order check:", "ok" if bad == 0 else f"{bad} failures")

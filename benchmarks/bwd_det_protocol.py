@@ -1,5 +1,5 @@
-"""Host simulation of the backward's wait / signal protocol (flashmask_bwd_pp_kernel, variants 5, 14
-and 15; cc/sm90/bwd_kernel.cuh), to find deadlocks without a GPU (benchmarks/NOTES_bwd_det.md,
+"""Host simulation of the backward's wait / signal protocol (flashmask_bwd_pp_kernel, variants 5, 13,
+14, 15 and 17; cc/sm90/bwd_kernel.cuh), to find deadlocks without a GPU (benchmarks/NOTES_bwd_det.md,
 "The variant 15 hang").
 
 It mirrors the kernel code, not the design notes: every CTA runs four actors, each a transcription
@@ -28,7 +28,10 @@ Writer codes ("writer" argument):
                would wait for each reduce again and lose the pipelining.
 Kernel configurations ("config" of simulate; CONFIGS): v5, v14, v15_hang (pipe writer, last section
 in one turn: the code that hung on the H200), v15 (pipe writer + split_last: the fixed kernel),
-v15_readfree.
+v15_readfree; with the lock-step consumers of variants 12 / 13 (consumer_lockstep: per tile
+`full`, the dS barrier bar.sync 1 of both warpgroups, put_dq of the same tile, `empty`): v13
+(variant 5's writer and grid) and v17 (pipe writer; deterministic grid = variant 14's with G from
+Problem.auto_group, the host twin of bwd_aux.cu bwd_det_group_kernel).
 In the default mode (deterministic=False) every writer code runs the default-mode writer (reduce,
 wait for the smem read, free the buffer), as the kernel does.
 
@@ -70,14 +73,19 @@ _det = _load("bwd_det_model")
 
 BM, BN = 64, 128  # kBwdBlockM, kBwdBlockN (variants 5, 14, 15 at d = 64 and 128)
 DET_GROUP_PAIRS = 8  # kDetGroupPairs
-# config -> (variant whose grid decoding it uses, deterministic writer code, split_last)
+# config -> (variant whose grid decoding it uses, deterministic writer code, split_last,
+# lock-step consumers)
 CONFIGS = {
-    "v5": (5, "v5", False),
-    "v14": (14, "v5", False),
-    "v15_hang": (15, "pipe", False),
-    "v15": (15, "pipe", True),
-    "v15_readfree": (15, "pipe_readfree", False),
+    "v5": (5, "v5", False, False),
+    "v14": (14, "v5", False, False),
+    "v15_hang": (15, "pipe", False, False),
+    "v15": (15, "pipe", True, False),
+    "v15_readfree": (15, "pipe_readfree", False, False),
+    "v13": (13, "v5", False, True),
+    "v17": (17, "pipe", False, True),
 }
+# the kernels as they are (the protocol check runs these in every mode)
+KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17")
 
 
 class MBar:
@@ -143,6 +151,30 @@ class Problem:
             g, m = g + 1, 0
         return False, g, m
 
+    def auto_group(self, cap=DET_GROUP_PAIRS):
+        """Variant 17's launch group size: bwd_det_group_kernel on this launch's block metadata."""
+        kept, first = [], []
+        for b in range(self.B):
+            for hm in range(self.Hm):
+                for n in range(self.nblk):
+                    row = self.meta[b][hm][n]
+                    l1, h1 = self._inside(int(row[1]), int(row[2]))
+                    l2, h2 = self._inside(int(row[5]), int(row[6]))
+                    c1, c2 = max(h1 - l1 + 1, 0), max(h2 - l2 + 1, 0)
+                    c12 = max(min(h1, h2) - max(l1, l2) + 1, 0)
+                    kept.append(max(self.mblk - (c1 + c2 - c12), 0))
+                    m = 0
+                    for lo, hi in ((l1, h1), (l2, h2), (l1, h1)):
+                        if lo <= m <= hi:
+                            m = hi + 1
+                    first.append(m)
+        return _det.auto_group(kept, first, self.nblk, self.mblk, self.K * self.B, cap)
+
+    def _inside(self, lo_key, hi_key):  # bwd_aux.cu sched_inside
+        lo = (max(lo_key, 0) + self.Bm - 1) // self.Bm
+        hi = self.mblk - 1 if hi_key >= self.Sq else max(hi_key, 0) // self.Bm - 1
+        return lo, hi
+
     def skipped(self, b, hk, n):
         """bwd_mark_skipped: the (h, m) whose bit key block n sets at CTA start."""
         out = []
@@ -160,8 +192,10 @@ class Problem:
 def grid_items(P: Problem, variant: int, det: bool, G: int | None = None):
     """(n, hk, b) per linear block index, as bwd_pp_item decodes it for the launch grid of
     launch_bwd_impl (1-D for variants 14 / 15 in deterministic mode, else (nblk, K, B))."""
-    if variant in (14, 15) and det:
+    if variant in (14, 15, 17) and det:
         pairs = P.K * P.B
+        if variant == 17 and not (G and G > 0):
+            G = P.auto_group()
         G = max(1, min(pairs, G if G and G > 0 else DET_GROUP_PAIRS))
         return [_det.det_group_item(x, P.nblk, P.K, P.B, G) for x in range(P.nblk * P.K * P.B)]
     out = []
@@ -185,7 +219,8 @@ class Cta:
         self.kv_full = MBar("kv_full", 1)
         self.bar = {1: NamedBar("bar 1"), 2: NamedBar("bar 2")}
         self.have0 = sim.P.find_kept(b, hk, n, 0, 0)
-        self.actors = {"producer": self.producer(), "wg0": self.consumer(0), "wg1": self.consumer(1)}
+        cons = self.consumer_lockstep if sim.lockstep else self.consumer
+        self.actors = {"producer": self.producer(), "wg0": cons(0), "wg1": cons(1)}
         if sim.dq_bulk:
             self.actors["writer"] = self.writer()
         if sim.det:
@@ -281,6 +316,36 @@ class Cta:
                 yield from put_dq(st, par, f"tile {tu} in the last section")
         turn_end(True)
 
+    # ---- consumer warpgroup wg, lock-step path (variants 12 / 13 / 17): per tile full[st] ->
+    # S/dP, exp, dS -> dS store -> bar.sync 1, 256 (both warpgroups) -> dQ, dK -> put_dq(t) in
+    # iteration t -> empty[st]; the tile info comes from the producer with full[st]
+    def consumer_lockstep(self, wg):
+        P, (n, hk, b) = self.sim.P, self.item
+        have, g, m = self.have0
+        name = f"wg{wg}"
+        if not have:
+            return
+        yield Wait(lambda: self.kv_full.ready(0), f"{name}: kv_full")
+        t = 0
+        while True:
+            st, par = t & 1, (t >> 1) & 1
+            f = self.full[st]
+            yield Wait(lambda f=f, p=par: f.ready(p), f"{name}: full[{st}] (tile {t})")
+            nb = self.bar[1]
+            g0 = nb.gen
+            nb.arrive(128)
+            yield Wait(lambda nb=nb, g0=g0: nb.gen > g0, f"{name}: bar.sync 1 (dS of tile {t})")
+            if self.sim.dq_bulk:
+                e = self.dq_empty[st]
+                yield Wait(lambda e=e, p=par: e.ready(p ^ 1),
+                           f"{name}: put_dq tile {t}: dq_empty[{st}] parity {par ^ 1}")
+                self.dq_full[st].arrive(128)
+            self.empty[st].arrive(128)
+            have, g, m = P.find_kept(b, hk, n, g, m + 1)  # the `last` flag of the tile info
+            if not have:
+                break
+            t += 1
+
     # ---- warp 1: dQ writer
     def writer(self):
         sim, P, (n, hk, b) = self.sim, self.sim.P, self.item
@@ -329,7 +394,7 @@ class Cta:
 class Sim:
     def __init__(self, P, config, det, dq_mode=1, resident=132, G=None, items=None):
         self.P, self.det = P, det
-        self.variant, self.writer, self.split_last = CONFIGS[config]
+        self.variant, self.writer, self.split_last, self.lockstep = CONFIGS[config]
         self.dq_bulk = dq_mode == 1
         self.resident = resident
         self.items = items if items is not None else grid_items(P, self.variant, det, G)
@@ -455,6 +520,13 @@ def cases():
     e[:, :, 1] = 700
     e[:, :, :, 300:900] = np.array([700, 700, 0, 0], np.int32)[None, None, :, None]
     out.append(("det_groups_empty_items", e, 700, 4, 2))
+    # variant 17's grouped launch: many short documents, 9 pairs -> G = 8 (two groups, 8 + 1)
+    dr = np.random.default_rng(11)
+    docs, t = [], 0
+    while t < 4096:
+        docs.append(int(min(dr.integers(150, 420), 4096 - t)))
+        t += docs[-1]
+    out.append(("v17_small_docs_groups", _documents(3, 4096, docs), 4096, 3, 3))
     # one tile / two tiles per CTA (the deadlock needs three kept tiles)
     out.append(("one_tile", _causal(1, 64, 256), 64, 1, 1))
     out.append(("two_tiles", np.zeros((1, 1, 4, 256), np.int32) + np.array([128, 128, 0, 0], np.int32)[None, None, :, None], 128, 1, 1))
@@ -462,14 +534,15 @@ def cases():
 
 
 def protocol_check(names=None, resident=132) -> list[str]:
-    """Failures (empty: all as expected) over cases(): the kernel as it is now (v5, v14, v15) ends
+    """Failures (empty: all as expected) over cases(): the kernel as it is now (v5, v14, v15, and the
+    lock-step v13 / v17) ends
     in every mode; the code that hung on the H200 (v15_hang) deadlocks in deterministic mode,
     inside single CTAs."""
     bad = []
     for name, b, Sq, N, K in cases():
         if names and name not in names:
             continue
-        for cfg in ("v5", "v14", "v15"):
+        for cfg in KERNEL_CONFIGS:
             for det, mode in ((False, 1), (False, 0), (True, 1)):
                 r = simulate(b, Sq, N, K, cfg, det, mode, resident)
                 if not r["ok"]:
@@ -489,7 +562,7 @@ def main():
             continue
         for cfg in a.configs:
             for det, mode in ((False, 1), (False, 0), (True, 1)):
-                if det is False and cfg not in ("v5", "v14", "v15"):
+                if det is False and cfg not in KERNEL_CONFIGS:
                     continue  # the default mode does not use the deterministic writer
                 r = simulate(b, Sq, N, K, cfg, det, mode, a.resident)
                 tag = f"{name:30s} {cfg:13s} det={int(det)} dq_mode={mode}"

@@ -367,6 +367,16 @@ DEFAULT_BWD_DQ_MODE = 1
 #      deterministic mode (consumers' last section vs the delayed buffer release; fixed by a turn
 #      of its own for the last tile, benchmarks/NOTES_bwd_det.md "The variant 15 hang"; the fix is
 #      not yet run on a GPU).
+#  17: variant 13 (lock-step consumers, mask in registers; d = 128 only) with, in deterministic
+#      mode, variant 15's pipelined dQ writer and variant 14's interleaved launch groups, the group
+#      size G chosen per launch on the device from the block metadata (bwd_aux.cu
+#      bwd_det_group_kernel): G = 1 (variant 5's launch order) unless most key blocks start their
+#      walk at the same query tile as the key block above them (documents), then as many pairs as
+#      keep G * (mean kept tiles per key block) <= query tiles, at most 8. Full / causal keep the
+#      L2 working set of one head (what 14 / 15 lost there), documents get 14's spread chains.
+#      Same per-tile order (descending key block) and products: every gradient bitwise variant
+#      13's = 5's, dQ in deterministic mode too; default mode = variant 13. JFM_BWD_DET_GROUP=G
+#      overrides G. Not a default (benchmarks/NOTES_bwd_det.md "Variant 17"; not yet run on a GPU).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -388,14 +398,15 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
-MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5}  # variant -> the variant it is bitwise equal to
+MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5, 17: 13}  # variant -> the variant it is bitwise equal to
 DET_GROUPS_BWD_VARIANT = 14  # variant 5 with interleaved launch groups in deterministic mode
 DET_PIPE_BWD_VARIANT = 15  # 14 with the pipelined deterministic dQ writer
 DET_GROUPS_BWD_VARIANTS = (DET_GROUPS_BWD_VARIANT, DET_PIPE_BWD_VARIANT)
-LOCKSTEP_BWD_VARIANTS = (12, 13)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
+DET_AUTO_BWD_VARIANT = 17  # 13 with 15's writer and launch groups sized on the device (deterministic)
+LOCKSTEP_BWD_VARIANTS = (12, 13, 17)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 # Variant 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (benchmarks/NOTES_bwd80.md); d = 128
 # only (ValueError at 64 and 256), Sq padded to a multiple of 80. Not a default.
 BWD_ROWS80_VARIANTS = (16,)
@@ -481,6 +492,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     the pipelined deterministic dQ writer (bitwise variant 5's gradients too). variant=16 (d = 128
     only; ValueError elsewhere): variant 13 with 80-row query tiles (dQ computed transposed; its
     workspaces padded to a multiple of 80 rows); dK / dV / dQ close to 13's, not bitwise.
+    variant=17 (d = 128 only): variant 13 with 15's writer and launch groups sized per launch on
+    the device in deterministic mode (bitwise variant 13's = 5's gradients).
     """
     mod, reason = _load()
     if mod is None:

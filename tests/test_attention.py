@@ -274,7 +274,17 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17}
+    # 17: variant 13 with 15's writer and device-sized launch groups in deterministic mode; d = 128
+    # only (lock-step consumers; 256: own kernel), not a default
+    assert _cuda.resolve_bwd_variant(17, 128) == 17 and _cuda.resolve_bwd_variant(17, 256) == 17
+    with pytest.raises(ValueError, match="d = 128 only"):
+        _cuda.resolve_bwd_variant(17, 64)
+    for d in (64, 128, 256):
+        assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != 17
+        assert _cuda.resolve_bwd_variant(None, d) != 17
+    assert _cuda._bwd_block_m(128, 17) == 64 and _cuda.MASK_REGS_BWD_VARIANTS[17] == 13
+    assert 17 in _cuda.LOCKSTEP_BWD_VARIANTS
     # 14: variant 5 with interleaved launch groups in deterministic mode, 15: 14 with the
     # pipelined deterministic dQ writer; not defaults
     for v in (14, 15):
@@ -296,7 +306,7 @@ def test_cuda_kernel_variant_resolution():
         _cuda.resolve_bwd_variant(11, 128)
     assert [_cuda._bwd_block_m(64, v) for v in (5, 7, 10, 11)] == [64, 128, 64, 128]
     assert _cuda._bwd_block_m(256, 11) == 64 and _cuda._bwd_block_m(128, 10) == 64
-    for removed in (1, 4, 8, 9, 17):
+    for removed in (1, 4, 8, 9, 18):
         with pytest.raises(ValueError, match="valid: 5, 6, 7,"):
             _cuda.resolve_bwd_variant(removed, 64)
     # 16: variant 13 with 80-row query tiles, d = 128 only (ValueError at 64 and 256), not a default

@@ -1,5 +1,5 @@
 """CPU checks of the backward's deterministic launch order and wait / signal protocol (variants 5,
-14, 15; benchmarks/bwd_det_protocol.py, benchmarks/NOTES_bwd_det.md "The variant 15 hang").
+13, 14, 15, 17; benchmarks/bwd_det_protocol.py, benchmarks/NOTES_bwd_det.md "The variant 15 hang").
 
 The simulation transcribes flashmask_bwd_pp_kernel's producer, consumer warpgroups (ping-pong
 sections on named barriers), dQ writer and skip-marking warp, with the kernel's mbarrier parities,
@@ -98,3 +98,81 @@ def test_kernel_source_has_the_split_last_section():
     m = re.search(r"if constexpr \(T::kDetPipe\) \{[^{}]*?if \(u == 0 && a\.deterministic && t >= 2\) \{\s*"
                   r"turn_end\(false\);\s*turn_begin\(\);", src)
     assert m, "variant 15's split last section not found in bwd_kernel.cuh"
+
+
+# ------------------------------------------------------------------------------------ variant 17
+# Variant 13's lock-step consumers (dQ of tile t stored in iteration t) + variant 15's pipelined
+# writer + variant 14's launch groups with G chosen on the device (bwd_det_group_kernel; host twin
+# Problem.auto_group / bwd_det_model.auto_group). benchmarks/NOTES_bwd_det.md "Variant 17".
+
+_model = proto._det
+
+
+@pytest.mark.parametrize("resident", [1, 2, 132])
+def test_v17_never_deadlocks(resident):
+    """Variant 17 (and the lock-step v13 with variant 5's writer) end on every case in
+    deterministic mode with one, two or 132 resident CTAs: no intra-CTA cycle between the
+    pipelined writer's late buffer release and the lock-step consumers, and every wait points to a
+    lower grid position."""
+    for name, (b, Sq, N, K) in CASES.items():
+        for cfg in ("v17", "v13"):
+            r = proto.simulate(b, Sq, N, K, cfg, True, 1, resident)
+            assert r["ok"], (name, cfg, resident, r.get("blocked", [])[:3])
+
+
+def test_v17_default_mode_is_variant13():
+    """In the default mode variant 17 is variant 13: variant 5's (nblk, K, B) grid, both dQ modes end."""
+    for name in ("det_bitwise_causal", "v17_small_docs_groups", "det_groups_random_gqa_ragged"):
+        b, Sq, N, K = CASES[name]
+        P = proto.Problem(b, Sq, N, K)
+        assert proto.grid_items(P, 17, False) == proto.grid_items(P, 5, False)
+        for mode in (1, 0):
+            assert proto.simulate(b, Sq, N, K, "v17", False, mode)["ok"], name
+
+
+def test_v17_group_rule():
+    """bwd_det_group_kernel's rule (host twin): G = 1 unless most key blocks start their walk at the
+    tile where the key block above starts (co-started chains: documents), then min(8, pairs,
+    mblk / mean kept tiles). The 32K suite: full / causal / causal_document G = 1 (variant 5's
+    launch order, one head's L2 working set), document G = 8; the protocol cases: many short
+    documents with 9 pairs G = 8 (two launch groups), the causal / full / random cases G = 1."""
+    assert [_model.suite_group(m) for m in ("full", "causal", "causal_document", "document")] == [1, 1, 1, 8]
+    P = proto.Problem(*CASES["v17_small_docs_groups"])
+    assert P.auto_group() == 8 and P.K * P.B == 9
+    items = proto.grid_items(P, 17, True)
+    assert sorted(items) == sorted((n, hk, bb) for n in range(P.nblk) for hk in range(P.K) for bb in range(P.B))
+    assert items[:9] == [(P.nblk - 1, p % 3, p // 3) for p in range(8)] + [(P.nblk - 2, 0, 0)]
+    for name in ("det_bitwise_causal", "det_bitwise_full", "det_groups_one_pair"):
+        P = proto.Problem(*CASES[name])
+        assert P.auto_group() == 1, name
+        assert proto.grid_items(P, 17, True) == proto.grid_items(P, 5, True), name
+    # twin of the kernel's arithmetic: no co-start -> 1; co-start with long walks -> 1; short -> cap
+    assert _model.auto_group([4, 4, 4, 4], [0, 1, 2, 3], 4, 8, 16) == 1
+    assert _model.auto_group([8, 8, 8, 8], [0, 0, 0, 0], 4, 8, 16) == 1
+    assert _model.auto_group([1, 1, 1, 1], [2, 2, 2, 2], 4, 64, 16) == 8
+    assert _model.auto_group([1, 1, 1, 1], [2, 2, 2, 2], 4, 64, 3) == 3
+    assert _model.auto_group([0, 0, 0, 0], [9, 9, 9, 9], 4, 8, 16) == 1
+
+
+def test_v17_ascending_order_is_a_residency_deadlock():
+    """Mutation: variant 17's protocol with key blocks launched ascending deadlocks at 4 resident
+    CTAs (the waits point to later CTAs), ends with all resident: the check sees the order."""
+    b, Sq, N, K = CASES["v17_small_docs_groups"]
+    P = proto.Problem(b, Sq, N, K)
+    items = [(x, y, z) for z in range(P.B) for y in range(P.K) for x in range(P.nblk)]
+    r = proto.Sim(P, "v17", True, 1, 4, items=items).run()
+    assert not r["ok"] and r["kind"] == "residency", r
+    assert proto.Sim(P, "v17", True, 1, len(items), items=items).run()["ok"]
+
+
+def test_kernel_source_has_variant17():
+    """The kernel as simulated: BwdDetAuto sets kDetGroups / kDetPipe on a lock-step, mask-in-
+    registers base, and bwd_pp_item reads G from sched[1] when the launcher passes 0."""
+    src = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
+    assert re.search(r"struct BwdDetAuto : Base \{\s*static constexpr bool kDetGroups = true;\s*"
+                     r"static constexpr bool kDetPipe = true;\s*static constexpr bool kDetAuto = true;\s*"
+                     r"static_assert\(Base::kLockstep && Base::kMaskRegs", src)
+    assert re.search(r"if constexpr \(T::kDetAuto\) \{\s*if \(G <= 0\) G = __ldg\(a\.sched \+ 1\);", src)
+    assert "BwdDetAuto<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>" in src
+    aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
+    assert "sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));" in aux

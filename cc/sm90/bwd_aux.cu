@@ -184,7 +184,80 @@ __global__ void __launch_bounds__(kSchedThreads) bwd_sched_kernel(
   }
 }
 
+// Variant 17 pre-pass (bwd_det_group_sm90). Per (batch, mask head, key block) item: the kept query
+// tiles (as bwd_sched_kernel counts them) and the first kept tile (bwd_find_kept's three jumps over
+// the two skipped ranges; mblk: none). A key block "co-starts" when it keeps a tile and its first
+// kept tile is that of the key block above it (documents: every key block but a document's top
+// one; causal / sliding window / causal documents: none, each starts at its diagonal).
+constexpr int kDetGroupThreads = 512;
+
+__device__ __forceinline__ void det_skip(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
+                                         int& h1, int& l2, int& h2) {
+  sched_inside(mt[1 * nblk], mt[2 * nblk], Sq, mblk, l1, h1);  // LTSmax, LTEmin
+  sched_inside(mt[5 * nblk], mt[6 * nblk], Sq, mblk, l2, h2);  // UTSmax, UTEmin
+}
+
+__device__ __forceinline__ int det_first_kept(int l1, int h1, int l2, int h2) {
+  int m = 0;
+  if (m >= l1 && m <= h1) m = h1 + 1;
+  if (m >= l2 && m <= h2) m = h2 + 1;
+  if (m >= l1 && m <= h1) m = h1 + 1;
+  return m;
+}
+
+__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group_kernel(
+    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
+    int Sq, int pairs, int max_group) {
+  __shared__ unsigned long long tot[3];  // kept tiles, items keeping a tile, co-starting items
+  if (threadIdx.x < 3) tot[threadIdx.x] = 0ull;
+  __syncthreads();
+  const int64_t items = (int64_t)BH * nblk;
+  unsigned long long kept = 0ull, live = 0ull, costart = 0ull;
+  for (int bh = 0; bh < BH; ++bh) {
+    for (int n = threadIdx.x; n < nblk; n += kDetGroupThreads) {
+    const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
+    int l1, h1, l2, h2;
+    det_skip(mt, nblk, Sq, mblk, l1, h1, l2, h2);
+    const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
+    const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
+    const int k = max(mblk - (c1 + c2 - c12), 0);
+    kept += (unsigned long long)k;
+    if (k > 0) {
+      ++live;
+      if (n + 1 < nblk) {
+        const int f = det_first_kept(l1, h1, l2, h2);
+        det_skip(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
+        costart += f == det_first_kept(l1, h1, l2, h2) ? 1ull : 0ull;
+      }
+    }
+    }
+  }
+  atomicAdd(&tot[0], kept);
+  atomicAdd(&tot[1], live);
+  atomicAdd(&tot[2], costart);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int cap = max(1, min(max_group, pairs));
+    // Chains that start together (co-starting key blocks are at least half of the live ones):
+    // as many pairs per group as keep G * (mean kept tiles per key block) <= mblk, i.e. the pairs
+    // of a launch group together stream about one head's rows (the L2 working set of variant 5's
+    // order). Otherwise (diagonal starts: the chain staggers itself) G = 1, variant 5's order.
+    unsigned long long g = 1ull;
+    if (2ull * tot[2] >= tot[1] && tot[1] > 0ull)
+      g = tot[0] == 0ull ? (unsigned long long)cap
+                         : (unsigned long long)mblk * (unsigned long long)items / tot[0];
+    sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
+  }
+}
+
 }  // namespace
+
+cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
+                               int mblk, int Sq, int pairs, int max_group, cudaStream_t stream) {
+  bwd_det_group_kernel<<<1, kDetGroupThreads, 0, stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
+                                                           pairs, max_group);
+  return cudaGetLastError();
+}
 
 cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk, int mblk,
                            int Sq, bool deterministic, cudaStream_t stream) {

@@ -28,7 +28,8 @@
 // descending key-block order, ordered through one bit per (query tile, key block) in dq_sem.
 // Variants 14 / 15 (BwdDetGroups / BwdDetPipe): variant 5 with interleaved launch groups of (kv
 // head, batch) pairs in deterministic mode, 15 also with a pipelined deterministic dQ writer
-// (benchmarks/NOTES_bwd_det.md); bitwise variant 5's gradients.
+// (benchmarks/NOTES_bwd_det.md); bitwise variant 5's gradients. Variant 17 (BwdDetAuto, d = 128):
+// variant 13 with 15's writer and 14's launch groups sized per launch from the block metadata.
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
@@ -59,7 +60,8 @@ struct BwdTraits {
   static constexpr bool kMaskRegs = false;  // true: variants 10 / 11 (BwdMaskRegs)
   static constexpr bool kLockstep = false;  // true: variants 12 / 13 (BwdLockstep)
   static constexpr bool kDetGroups = false;  // true: variants 14 / 15 (BwdDetGroups)
-  static constexpr bool kDetPipe = false;    // true: variant 15 (BwdDetPipe)
+  static constexpr bool kDetPipe = false;    // true: variants 15 (BwdDetPipe) and 17 (BwdDetAuto)
+  static constexpr bool kDetAuto = false;    // true: variant 17 (BwdDetAuto)
   // Bm = 80 (variant 16, BwdRows80): dQ^T = K^T dS^T (keys on K, d on M: 64 d-rows per warpgroup,
   // the 80 query rows on N), one dQ buffer (the smem budget).
   static constexpr bool kDqTrans = Bm_ == 80;
@@ -238,6 +240,28 @@ struct BwdDetPipe : Base {
   static_assert(Base::kDetGroups && !Base::kLockstep, "variant 15 = variant 14 + pipelined writer");
 };
 
+// Variant 17 (d = 128): variant 13's kernel (lock-step consumers, element mask in registers) with,
+// in deterministic mode only, variant 15's pipelined dQ writer and variant 14's interleaved launch
+// of (kv head, batch) pairs, the group size G chosen on the device per launch by
+// bwd_det_group_sm90 (bwd_aux.cu) from the block metadata: G = clamp(mblk / mean kept query tiles
+// per key block, 1, kDetGroupPairs). Full / causal masks (long walks: every resident CTA of a pair
+// streams the whole head, G = 1, variant 5's launch order, so the ~132 resident CTAs share one
+// head's Q / dO / dQ in L2); short walks (documents, causal documents, windows) G = 8, so the key
+// blocks of one document start ~8 launches apart and their ordered dQ chain does not wait
+// (benchmarks/NOTES_bwd_det.md, "Variant 17"). The per-tile summation order is still descending
+// key block and the GEMMs are variant 13's = 12's = 5's: gradients bitwise variant 5's in both
+// modes (dQ in deterministic mode). Deadlock-free for every G (variant 14's argument), and the
+// lock-step consumers store tile t's dQ in iteration t, so the pipelined writer's late buffer
+// release cannot close the intra-CTA cycle of the variant 15 hang (benchmarks/bwd_det_protocol.py
+// config v17). In the default mode it is variant 13, launch and all.
+template <class Base>
+struct BwdDetAuto : Base {
+  static constexpr bool kDetGroups = true;
+  static constexpr bool kDetPipe = true;
+  static constexpr bool kDetAuto = true;
+  static_assert(Base::kLockstep && Base::kMaskRegs, "variant 17 = variant 13 + deterministic order / writer");
+};
+
 struct BwdArgs {
   const int32_t* bounds;
   const int32_t* meta;
@@ -265,6 +289,7 @@ struct BwdArgs {
   int items_total;
   int sec_heads;
   // Variant 14, deterministic mode: (kv head, batch) pairs per interleaved launch group (>= 1).
+  // Variant 17: 0 = the group size that bwd_det_group_sm90 wrote to sched[1] (>= 1).
   int det_group;
 };
 
@@ -468,7 +493,11 @@ template <class T>
 __device__ __forceinline__ int3 bwd_pp_item(const BwdArgs& a) {
   if constexpr (T::kDetGroups) {
     if (a.deterministic) {
-      const int G = a.det_group, pairs = a.K * a.B;
+      int G = a.det_group;
+      if constexpr (T::kDetAuto) {
+        if (G <= 0) G = __ldg(a.sched + 1);
+      }
+      const int pairs = a.K * a.B;
       const int64_t span = (int64_t)a.nblk * G;
       const int64_t x = blockIdx.x;
       const int grp = (int)(x / span);
@@ -636,11 +665,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               if constexpr (T::kDetPipe) {
                 if (pend_word >= 0) {
                   asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
+                  // variant 17: the previous tile's reduce is complete, so it has read its smem
+                  // buffer: free it before the fences of its bit (the lock-step consumers wait for
+                  // it in the iteration that follows)
+                  if constexpr (T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                   asm volatile("fence.proxy.async.global;\n" ::: "memory");
                   asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
                                "r"(1u << (n % 32))
                                : "memory");
-                  Barrier::arrive(&ss.dq_empty[pend_buf]);
+                  if constexpr (!T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                 }
                 pend_word = base + n / 32;
                 pend_buf = buf;
@@ -1654,6 +1687,20 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
       const int pairs = p.K * p.B;
       a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
       grid = dim3((unsigned)items_total, 1, 1);
+      if constexpr (T::kDetAuto) {
+        if (env_group <= 0) {
+          // variant 17: G from the block metadata, on the device (sched[1]; same stream, no sync)
+          if (p.meta_capacity < meta_elems + 4) {
+            if (err) *err = "flashmask sm90 backward: metadata workspace too small for variant 17";
+            return cudaErrorInvalidValue;
+          }
+          a.det_group = 0;
+          a.sched = p.meta + meta_elems;
+          e = bwd_det_group_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
+                                 kDetGroupPairs, stream);
+          if (e != cudaSuccess) return e;
+        }
+      }
     }
   }
   if constexpr (T::kPersist) {
@@ -1703,12 +1750,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 12 || p.variant == 13) {
+  if (p.variant == 12 || p.variant == 13 || p.variant == 17) {
     if constexpr (D == 128) {
       if (p.variant == 12) return launch_bwd_impl<BwdLockstep<BwdTraits<Elem, D>>>(p, stream, err);
+      if (p.variant == 17)
+        return launch_bwd_impl<BwdDetAuto<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>>(p, stream, err);
       return launch_bwd_impl<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>(p, stream, err);
     } else {
-      if (err) *err = "flashmask sm90 backward: kernel variants 12 / 13 (lock-step consumers) are d = 128 only";
+      if (err) *err = "flashmask sm90 backward: kernel variants 12 / 13 / 17 (lock-step consumers) are d = 128 only";
       return cudaErrorInvalidValue;
     }
   }
@@ -1721,7 +1770,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15 or 16";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16 or 17";
   return cudaErrorInvalidValue;
 }
 

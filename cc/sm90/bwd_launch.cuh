@@ -25,5 +25,11 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
 // (descending key block when `deterministic`; ascending when nblk exceeds the pre-pass's smem).
 cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk, int mblk,
                            int Sq, bool deterministic, cudaStream_t stream);
+// Variant 17 pre-pass (one CTA, deterministic mode): sched[1] = the launch group size G (pairs
+// per interleaved group, bwd_kernel.cuh BwdDetAuto) = mblk * items / (kept query tiles summed over
+// the items (batch, mask head, key block)), i.e. how many pairs' walks fit in one head's rows,
+// clamped to [1, min(max_group, pairs)] (max_group when nothing is kept).
+cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
+                               int mblk, int Sq, int pairs, int max_group, cudaStream_t stream);
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
 }  // namespace jfm::sm90

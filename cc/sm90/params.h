@@ -85,6 +85,8 @@ struct BwdParams {
                         // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe);
                         // 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (d = 128 only:
                         // Sq_pad, dq_sem and the tile count at 80 rows; bwd_kernel.cuh BwdRows80)
+                        // 17: 13 with 15's writer and 14's launch groups, G chosen per launch
+                        // on the device (d = 128 only; BwdDetAuto, bwd_det_group_sm90)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

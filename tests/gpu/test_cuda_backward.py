@@ -1287,3 +1287,159 @@ def test_det_groups_large_documents(variant):
     r5 = f(q, k, v, bj, out, lse, do, variant=5)
     for r in runs[1:] + [r5]:
         _assert_same_bits(runs[0], r, f"variant {DETG} large documents")
+
+
+# --------------------------------------------------------------------------- variant 17
+
+DET_AUTO = getattr(_cuda, "DET_AUTO_BWD_VARIANT", None)
+
+
+def _need_det_auto():
+    if DET_AUTO is None or DET_AUTO not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip("variants 17 and 5 not both under test")
+    _need(jnp.bfloat16, 128)
+
+
+def _host_group(b, Sq, N, K):
+    """Variant 17's launch group size for this launch: the host twin of bwd_det_group_kernel
+    (benchmarks/bwd_det_protocol.py Problem.auto_group), to check that a case exercises what it
+    says (G > 1, several groups)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_det_protocol.py"
+    spec = importlib.util.spec_from_file_location("bwd_det_protocol", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Problem(np.asarray(b), Sq, N, K).auto_group()
+
+
+def _small_documents(B, S, rng, lo=150, hi=420):
+    docs, t = [], 0
+    while t < S:
+        L = int(min(rng.integers(lo, hi), S - t))
+        docs.append(L)
+        t += L
+    starts = np.cumsum([0] + docs)
+    b = np.zeros((B, 1, 4, S), np.int32)
+    for d0, d1 in zip(starts[:-1], starts[1:]):
+        b[:, :, 0, d0:d1] = d1
+        b[:, :, 1, d0:d1] = S
+        b[:, :, 2, d0:d1] = 0
+        b[:, :, 3, d0:d1] = d0
+    return b
+
+
+@pytest.mark.parametrize("case", ["suite", "small_docs_groups", "doc_many_pairs", "random_gqa_ragged",
+                                  "one_pair", "empty_items", "many_words"])
+def test_det_auto_bitwise_equals_variant5(case):
+    """Variant 17 = variant 13 (lock-step consumers) + variant 15's pipelined writer + variant
+    14's launch groups sized on the device (bwd_det_group_kernel) in deterministic mode: the
+    per-tile dQ order stays descending key block and the products are 13's = 12's = 5's, so dK/dV
+    are bitwise variant 5's in both modes and dQ too in deterministic mode; deterministic runs
+    repeated are bitwise equal. Cases: the twelve benchmark masks (G = 1 and G > 1 launches);
+    many short documents with 3 x 3 = 9 pairs (G = 8: two launch groups, the last of one pair);
+    documents with 9 pairs and 40 key blocks; GQA 8 / 2 with ragged Sq / Sk and a mask head per
+    query head; one pair; key blocks that keep no tile; 36 key blocks (two bit words per tile)."""
+    _need_det_auto()
+    d = 128
+    rng = np.random.default_rng(47)
+    if case == "suite":
+        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
+        bs = list(_suite(Sq, 47, B).values())
+    elif case == "small_docs_groups":
+        B, Sq, Sk, N, K = 3, 4096, 4096, 3, 3
+        bs = [_small_documents(B, Sq, rng)]
+        assert _host_group(bs[0], Sq, N, K) == 8  # two launch groups: 8 pairs, then 1
+    elif case == "doc_many_pairs":
+        B, Sq, Sk, N, K = 3, 5000, 5000, 3, 3
+        bs = [np.broadcast_to(_suite(Sq, 5, B)["document"], (B, 1, 4, Sk)).copy()]
+    elif case == "random_gqa_ragged":
+        B, Sq, Sk, N, K = 2, 1100, 1301, 8, 2
+        bs = [random_bounds(rng, B, N, Sq, Sk)]
+    elif case == "one_pair":
+        B, Sq, Sk, N, K = 1, 2000, 2000, 1, 1
+        bs = [causal_bounds(B, 1, Sq, Sk), _small_documents(B, Sq, rng)]
+    elif case == "empty_items":
+        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
+        b = np.zeros((B, 1, 4, Sk), np.int32)
+        b[:, :, 0] = 0; b[:, :, 1] = Sq
+        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]
+        bs = [b]
+    else:
+        B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
+        bs = [random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)]
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DET_AUTO))
+    for i, b in enumerate(bs):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        args = (q, k, v, bj, out, lse, do, dlse)
+        _assert_bitwise_like_v5(args, dict(variant=DET_AUTO), f"v17 case={case} mask {i}")
+        r1, r2, r3 = det(*args), det(*args), det(*args)
+        _assert_same_bits(r1, r2, f"variant 17 case={case} mask {i}")
+        _assert_same_bits(r1, r3, f"variant 17 case={case} mask {i} (third run)")
+
+
+@pytest.mark.parametrize("case", ["full", "causal", "document", "causal_document", "sliding_window",
+                                  "random_gqa", "small_docs_ragged"])
+def test_det_auto_reference(case):
+    """Variant 17 deterministic against the float64 reference (the tolerances of _check) on the
+    mask families (G = 1: full, causal, causal_document, sliding_window; G > 1: documents), GQA
+    8 / 2 and ragged Sq / Sk, and bitwise repeatable with other work in between."""
+    _need_det_auto()
+    d = 128
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, Sq, Sk, N, K = 2, 1200, 1200, 4, 2
+    if case == "random_gqa":
+        N, K = 8, 2
+        b = random_bounds(rng, B, 2, Sq, Sk)
+    elif case == "small_docs_ragged":
+        Sq = Sk = 1999
+        b = _small_documents(B, Sq, rng, 60, 200)
+    else:
+        b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=DET_AUTO))
+    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
+         scale=0.1)
+    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _assert_same_bits(first, second, f"seed={seed} case={case} variant 17")
+
+
+@pytest.mark.parametrize("mask", ["document", "full", "causal", "small_docs"])
+def test_det_auto_large_repeatable(mask):
+    """Many-CTA launches (8K, B = 2, 8 query / 4 kv heads: 8 pairs, 512 CTAs, several waves on
+    132 SMs): three deterministic runs of variant 17 bitwise equal to each other and to variant
+    5's (documents: G > 1 on the small documents; full / causal: G = 1)."""
+    _need_det_auto()
+    rng = np.random.default_rng(5)
+    B, S, N, K = 2, 8192, 8, 4
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    if mask == "small_docs":
+        b = _small_documents(B, S, rng)
+        assert _host_group(b, S, N, K) == 8
+    else:
+        b = np.broadcast_to(_suite(S, 0, B)[mask], (B, 1, 4, S)).copy()
+    bj = jnp.asarray(b)
+    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
+                static_argnames="variant")
+    runs = [f(q, k, v, bj, out, lse, do, variant=DET_AUTO) for _ in range(3)]
+    r5 = f(q, k, v, bj, out, lse, do, variant=5)
+    for r in runs[1:] + [r5]:
+        _assert_same_bits(runs[0], r, f"variant 17 large {mask}")
+
+
+def test_det_auto_d64_refused():
+    """Variant 17 has lock-step consumers: d = 128 only (ValueError at d = 64, before any launch)."""
+    if DET_AUTO is None or DET_AUTO not in VARIANTS:
+        pytest.skip("variant 17 not under test")
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 128, 128, 2, 1, 64, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 128, 128))
+    with pytest.raises(ValueError, match="d = 128 only"):
+        _bwd(q, k, v, b, q, jnp.zeros((1, 128, 2), jnp.float32), do, None, scale=0.1,
+             deterministic=True, variant=DET_AUTO)
