@@ -234,15 +234,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                   "r"((int)(T::kDqHalfFloats * sizeof(float)))
                   : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            if (a.deterministic) {
-              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-              asm volatile("fence.proxy.async.global;\n" ::: "memory");
-              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
-                           "r"(1u << (n % 32))
-                           : "memory");
-            } else {
-              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            }
+            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic);
             Barrier::arrive(&ss.empty[stage]);  // the producer may refill the stage
           }
           __syncwarp();

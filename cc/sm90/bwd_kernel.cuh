@@ -424,6 +424,20 @@ __device__ __forceinline__ void bwd_issue_dq_reduce(float* gtile, const float* s
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
+// Thread, after a dQ tile's reduce was committed: in deterministic mode wait until it completed
+// and set the tile's ordering bit in `sem_word` (the next key block's writer may then add), else
+// wait until it has read the shared buffer (which may then be refilled).
+__device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_t bit,
+                                                     bool deterministic) {
+  if (deterministic) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(sem_word), "r"(bit) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Variant 5: warp specialized, ping-pong consumers. 384 threads: warpgroup 0 = producer
 // (setmaxnreg 24), warpgroups 1-2 = two consumer warpgroups of 64 keys each (setmaxnreg 240):
@@ -679,15 +693,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                 pend_buf = buf;
               }
             } else {
-              if (a.deterministic) {
-                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-                asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
-                             "r"(1u << (n % 32))
-                             : "memory");
-              } else {
-                asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-              }
+              bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic);
               Barrier::arrive(&ss.dq_empty[buf]);
             }
           }
@@ -1270,15 +1276,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           if (lane == 0) {
             bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            if (a.deterministic) {
-              asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-              asm volatile("fence.proxy.async.global;\n" ::: "memory");
-              asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + base + n / 32),
-                           "r"(1u << (n % 32))
-                           : "memory");
-            } else {
-              asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            }
+            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic);
             Barrier::arrive(&ss.dq_empty[buf]);
           }
           __syncwarp();

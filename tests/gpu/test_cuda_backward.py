@@ -1192,6 +1192,38 @@ def _need_detg(variant):
         pytest.skip(f"variants {variant} and 5 not both under test")
 
 
+def _det_order_case(case, seed):
+    """(rng, (B, Sq, Sk, N, K), masks) of the launch-order tests of variants 14 / 15 / 17 (see
+    their docstrings for what each case covers)."""
+    rng = np.random.default_rng(seed)
+    if case == "suite":
+        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
+        bs = list(_suite(Sq, seed, B).values())
+    elif case == "small_docs_groups":
+        B, Sq, Sk, N, K = 3, 4096, 4096, 3, 3
+        bs = [_small_documents(B, Sq, rng)]
+        assert _host_group(bs[0], Sq, N, K) == 8  # two launch groups: 8 pairs, then 1
+    elif case == "doc_many_pairs":
+        B, Sq, Sk, N, K = 3, 5000, 5000, 3, 3
+        bs = [np.broadcast_to(_suite(Sq, 5, B)["document"], (B, 1, 4, Sk)).copy()]
+    elif case == "random_gqa_ragged":
+        B, Sq, Sk, N, K = 2, 1100, 1301, 8, 2
+        bs = [random_bounds(rng, B, N, Sq, Sk)]
+    elif case == "one_pair":
+        B, Sq, Sk, N, K = 1, 2000, 2000, 1, 1
+        bs = [causal_bounds(B, 1, Sq, Sk), _small_documents(B, Sq, rng)]
+    elif case == "empty_items":
+        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
+        b = np.zeros((B, 1, 4, Sk), np.int32)
+        b[:, :, 0] = 0; b[:, :, 1] = Sq
+        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]
+        bs = [b]
+    else:
+        B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
+        bs = [random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)]
+    return rng, (B, Sq, Sk, N, K), bs
+
+
 @pytest.mark.parametrize("variant", DETGS)
 @pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("case", ["suite", "doc_many_pairs", "random_gqa_ragged", "one_pair",
@@ -1209,28 +1241,7 @@ def test_det_groups_bitwise_equals_variant5(case, d, variant):
     DETG = variant
     _need_detg(variant)
     _need(jnp.bfloat16, d)
-    rng = np.random.default_rng(41)
-    if case == "suite":
-        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
-        bs = list(_suite(Sq, 41, B).values())
-    elif case == "doc_many_pairs":
-        B, Sq, Sk, N, K = 3, 5000, 5000, 3, 3
-        bs = [np.broadcast_to(_suite(Sq, 5, B)["document"], (B, 1, 4, Sk)).copy()]
-    elif case == "random_gqa_ragged":
-        B, Sq, Sk, N, K = 2, 1100, 1301, 8, 2
-        bs = [random_bounds(rng, B, N, Sq, Sk)]
-    elif case == "one_pair":
-        B, Sq, Sk, N, K = 1, 2000, 2000, 1, 1
-        bs = [causal_bounds(B, 1, Sq, Sk)]
-    elif case == "empty_items":
-        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
-        b = np.zeros((B, 1, 4, Sk), np.int32)
-        b[:, :, 0] = 0; b[:, :, 1] = Sq
-        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]
-        bs = [b]
-    else:
-        B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
-        bs = [random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)]
+    rng, (B, Sq, Sk, N, K), bs = _det_order_case(case, 41)
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
     dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
     det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DETG))
@@ -1342,32 +1353,7 @@ def test_det_auto_bitwise_equals_variant5(case):
     query head; one pair; key blocks that keep no tile; 36 key blocks (two bit words per tile)."""
     _need_det_auto()
     d = 128
-    rng = np.random.default_rng(47)
-    if case == "suite":
-        B, Sq, Sk, N, K = 1, 1500, 1500, 4, 2
-        bs = list(_suite(Sq, 47, B).values())
-    elif case == "small_docs_groups":
-        B, Sq, Sk, N, K = 3, 4096, 4096, 3, 3
-        bs = [_small_documents(B, Sq, rng)]
-        assert _host_group(bs[0], Sq, N, K) == 8  # two launch groups: 8 pairs, then 1
-    elif case == "doc_many_pairs":
-        B, Sq, Sk, N, K = 3, 5000, 5000, 3, 3
-        bs = [np.broadcast_to(_suite(Sq, 5, B)["document"], (B, 1, 4, Sk)).copy()]
-    elif case == "random_gqa_ragged":
-        B, Sq, Sk, N, K = 2, 1100, 1301, 8, 2
-        bs = [random_bounds(rng, B, N, Sq, Sk)]
-    elif case == "one_pair":
-        B, Sq, Sk, N, K = 1, 2000, 2000, 1, 1
-        bs = [causal_bounds(B, 1, Sq, Sk), _small_documents(B, Sq, rng)]
-    elif case == "empty_items":
-        B, Sq, Sk, N, K = 2, 700, 1500, 4, 2
-        b = np.zeros((B, 1, 4, Sk), np.int32)
-        b[:, :, 0] = 0; b[:, :, 1] = Sq
-        b[:, :, :, 300:900] = np.array([Sq, Sq, 0, 0], np.int32)[None, None, :, None]
-        bs = [b]
-    else:
-        B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
-        bs = [random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)]
+    rng, (B, Sq, Sk, N, K), bs = _det_order_case(case, 47)
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
     dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
     det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DET_AUTO))
