@@ -50,6 +50,9 @@ struct FwdTraits {
   // Variant 14 (FwdTraitsPaired below): the persistent grid hands out pairs of tiles, the second
   // one walked from its last key block down.
   static constexpr bool kPaired = false;
+  // Variant 16 (FwdTraitsBlockList below): the consumers take the kept-block sequence from the
+  // producer's job slots instead of walking the block metadata themselves.
+  static constexpr bool kBlockList = false;
   static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
   static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
@@ -155,6 +158,57 @@ template <class Base>
 struct FwdTraitsPaired : Base {
   static constexpr bool kPaired = true;
   static_assert(!Base::kGroupScan, "paired tiles walk one level of metadata");
+};
+
+// Variant 16 (over variant 11's FwdTraitsMaskBits<FwdTraitsGroupScan<...>>): only the TMA warp walks
+// the block metadata. With each key block it loads it already posts a job {block, flags, b * Hm + hm,
+// ms} in the K stage's slot for the mask builders (variant 10); here the flags also carry "last kept
+// block of the tile" (bit 1; bit 0 = partial), and the tile's slot in the Q ring says whether the
+// tile has any kept block (tile_any, published with tile_id, so the producer walks the tile's first
+// metadata before publishing it). The consumers read (partial, last) from the job of the stage they
+// are about to consume (JobBlocks) instead of running KeptBlocks: no metadata loads, no dependent
+// L2 round trips on their path at a tile's start (the group ballot and the first group's scan) or
+// where the walk crosses into the next group of 32 blocks. Same block sequence, same arithmetic:
+// outputs bit-identical to variant 11. Derived storage: the other kernels keep layout and SASS.
+template <class Base>
+struct FwdTraitsBlockList : Base {
+  static constexpr bool kBlockList = true;
+  static_assert(Base::kMaskBits, "the block list rides on the mask builders' job slots");
+  static_assert(Base::Overlap, "the ping-pong path only");
+  struct SharedStorage : Base::SharedStorage {
+    int tile_any[Base::QStages];  // the slot's tile has at least one kept key block
+  };
+};
+
+// The consumers' view of the producer's kept-block sequence (variant 16): the interface of
+// KeptBlocks (has_next / next), fed by the job slots of the K stages. `js` follows the consumer's
+// K stage: the i-th next() of a tile reads the stage of the tile's i-th block. The job of use u of
+// a stage is posted (job_full, one arrival by the TMA warp) after the block's K load is issued and
+// is overwritten only after K's empty barrier of use u completes, which needs this consumer's
+// release of use u, which comes after this read: the parity wait is unambiguous and the slot is
+// read before it is reused. The flags go through ballots so that ptxas keeps the walk
+// warp-uniform (VOTEU), as with KeptBlocks' ballots.
+template <int Stages>
+struct JobBlocks {
+  cutlass::PipelineState<Stages> js;
+  const int4* job;
+  uint64_t* job_full;
+  bool more;
+  JobBlocks() = default;
+  __device__ __forceinline__ JobBlocks(cutlass::PipelineState<Stages> st, const int4* job_,
+                                       uint64_t* job_full_, bool any)
+      : js(st), job(job_), job_full(job_full_), more(any) {}
+  __device__ __forceinline__ bool has_next() const { return more; }
+  __device__ __forceinline__ int next(bool& partial, int goff = 0) {
+    (void)goff;
+    cutlass::arch::ClusterBarrier::wait(&job_full[js.index()], js.phase());
+    asm volatile("" ::: "memory");  // no smem read above the wait
+    const int4 j = job[js.index()];
+    partial = __ballot_sync(0xffffffffu, (j.y & 1) != 0) != 0u;
+    more = __ballot_sync(0xffffffffu, (j.y & 2) == 0) != 0u;
+    ++js;
+    return j.x;
+  }
 };
 
 struct KArgs {
@@ -500,10 +554,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int it = 0;; ++it) {
         const int slot = it % QS;
         const bool done = t >= total_tiles;
+        // variant 16: the tile's walk starts before its slot is published (tile_any)
+        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_pre;
+        if constexpr (T::kBlockList) {
+          if (!done) {
+            int m0, h0, b0;
+            decode(t, m0, h0, b0);
+            const int hm0 = h0 / a.heads_per_mask;
+            const int ms0 = m0 * Bm, me0 = min(ms0 + Bm, a.Sq);
+            blocks_pre = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                a.meta + ((int64_t)b0 * a.Hm + hm0) * 8 * (int64_t)nblk, nblk, ms0, me0, a.Sk, lane,
+                a.group_meta, reversed(t));
+          }
+        }
         if (lane == 0) {
           // the slot's Q and tile id are free once the consumers finished tile it - QS
           if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
           ss.tile_id[slot] = done ? -1 : t;
+          if constexpr (T::kBlockList) ss.tile_any[slot] = (!done && blocks_pre.has_next()) ? 1 : 0;
           EmptyBarrier::arrive(&ss.sched[slot]);
         }
         if (done) break;
@@ -534,9 +602,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
         }
         const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
-            a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
-            reversed(t));
+        auto blocks = [&]() {
+          if constexpr (T::kBlockList) {
+            return blocks_pre;
+          } else {
+            return KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
+                a.group_meta, reversed(t));
+          }
+        }();
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
@@ -554,7 +628,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             }
             copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
             if constexpr (T::kMaskBits) {  // the block's job for the mask builders
-              ss.job[wr.index()] = make_int4(n, partial ? 1 : 0, b * a.Hm + hm, ms);
+              // variant 16: bit 1 = the tile's last kept block (the consumers' walk)
+              const int flags =
+                  (partial ? 1 : 0) | ((T::kBlockList && !blocks.has_next()) ? 2 : 0);
+              ss.job[wr.index()] = make_int4(n, flags, b * a.Hm + hm, ms);
               asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
               EmptyBarrier::arrive(&ss.job_full[wr.index()]);
             }
@@ -588,7 +665,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           asm volatile("" ::: "memory");  // no smem read above the wait
           const int4 job = ss.job[s];
           if (job.x < 0) break;
-          if (job.y != 0) {
+          if ((T::kBlockList ? (job.y & 1) : job.y) != 0) {  // partial
             const int32_t* bnd = a.bounds + (int64_t)job.z * 4 * (int64_t)a.Sk;
             CUTE_UNROLL
             for (int c = bt; c < Bn; c += T::kBuilders) {
@@ -650,7 +727,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // reads tile it+1's id, scans its key blocks and issues its first QK^T GEMM (into tSrS) before
     // waiting for tile it's last PV GEMM, then waits for both and runs tile it's epilogue. State
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
-    const bool tovl = T::Overlap && a.tile_overlap != 0;
+    const bool tovl = T::Overlap && !T::kBlockList && a.tile_overlap != 0;
     int t_nxt = -1;
     KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
@@ -837,11 +914,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
 
-      KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
-          pre ? blocks_nxt
-              : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
-                    a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
-                    a.group_meta, reversed(t));
+      // variant 16: the producer's block sequence, from the job slots (JobBlocks); rd is the
+      // stage of the tile's first block
+      auto blocks = [&]() {
+        if constexpr (T::kBlockList) {
+          const int any = *reinterpret_cast<volatile int*>(&ss.tile_any[slot]);
+          return JobBlocks<T::Stages>(rd, &ss.job[0], &ss.job_full[0],
+                                      __ballot_sync(0xffffffffu, any != 0) != 0u);
+        } else {
+          return pre ? blocks_nxt
+                     : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                           a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk,
+                           lane, a.group_meta, reversed(t));
+        }
+      }();
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
@@ -1030,13 +1116,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // them from global memory, any Sk).
 // Paired: variant 14's kernel (FwdTraitsPaired; launched like 3 with pairs of tiles per claim).
 template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits,
-          bool Paired>
+          bool Paired, bool BlockList>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
   static_assert(!(Paired && (GroupScan || MaskBits)), "paired tiles: variant 3's walk and mask only");
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
   using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>,
                                 std::conditional_t<Paired, FwdTraitsPaired<Base>, Base>>;
-  using T = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
+  using TM = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
+  static_assert(!BlockList || (GroupScan && MaskBits), "variant 16 = variant 11 + the block list");
+  using T = std::conditional_t<BlockList, FwdTraitsBlockList<TM>, TM>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
@@ -1051,12 +1139,13 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // global memory by the consumers (2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
-  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
+  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it; 16 = 11 with
+  // the consumers' block walk taken from the producer's job slots (BlockList).
   // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
   // 14 and 15 (Paired) too, with two tiles per claim.
   const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
                           p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
-                          p.variant == 13;
+                          p.variant == 13 || p.variant == 16;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
