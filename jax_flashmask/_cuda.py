@@ -48,10 +48,16 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #      (~155 instead of ~586 instructions per warp and partial block; any Sk, no staged bounds).
 #      Outputs bit-identical to 3 (benchmarks/NOTES_fwd_mask.md; not yet run on a GPU);
 #  11: variant 7 (two-level walk) with variant 10's bit-word mask; bit-identical to 3 and 7.
+#  16: variant 11 with the consumers' key-block walk taken from the producer: the TMA warp's job
+#      slots (posted with every K load for the mask builders) also carry "last kept block of the
+#      tile", and the Q-ring slot says whether the tile has any kept block, so the consumer
+#      warpgroups load no block metadata (no dependent L2 round trips at a tile's start or where
+#      the walk enters the next group of 32 blocks). Bit-identical to 11
+#      (benchmarks/NOTES_fwd90.md; not yet run on a GPU).
 # Measured and removed: 1 (one consumer warpgroup), 7 (old number: key blocks of 176: run B +0.4 % on
 # full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
 # wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
-# The persistent variants (3, 5, 6, 7, 10-15) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# The persistent variants (3, 5, 6, 7, 10-16) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
 # (benchmarks/NOTES.md, forward run B).
@@ -64,7 +70,8 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 GROUP_SCAN_VARIANT = 7
 MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_identical)
 MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
-GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT)  # workspace: + group metadata
+BLOCK_LIST_VARIANT = 16  # 11 with the consumers' block walk from the producer's job slots
+GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARIANT)  # + group metadata
 # Forward variants compiled for one head dim (HEAD_DIM_VARIANTS below):
 #  12: variant 3 with three consumer warpgroups, d = 64 only: 192-row query tiles, key blocks of 128,
 #      GEMM issue in a round robin over the three warpgroups (each softmax under the two others'
@@ -80,9 +87,11 @@ GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT)  # workspace: +
 #      apart: aimed at the L2 reuse distance of d = 256 causal (benchmarks/NOTES_fwd_hd.md; not
 #      yet run on a GPU).
 #  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
-VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15)
+VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
+            BLOCK_LIST_VARIANT)
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
-PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15)
+PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
+                       BLOCK_LIST_VARIANT)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key column of DEFAULT_VARIANTS
 # variant=None: DEFAULT_VARIANTS[head_dim][structure] = (variant below LONG_KEYS keys, from LONG_KEYS
@@ -257,7 +266,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
     # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variants 7
-    # and 11 also the group metadata (as much again, after the counter)
+    # , 11 and 16 also the group metadata (as much again, after the counter)
     ws = B * Hm * 8 * nblk + 32
     if variant in GROUP_META_VARIANTS:
         ws = 2 * ws

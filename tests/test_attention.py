@@ -332,7 +332,7 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
-    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15} <= set(_cuda.VARIANTS)
+    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16} <= set(_cuda.VARIANTS)
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
@@ -341,8 +341,15 @@ def test_cuda_kernel_variant_resolution():
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
     assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
     assert _cuda.resolve_variant(11) == 11 and 11 in _cuda.GROUP_META_VARIANTS  # 7 + 10's mask
-    with pytest.raises(ValueError, match="forward kernel variant 16; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15,"):
-        _cuda.resolve_variant(16)
+    # 16: variant 11 with the consumers' block walk from the producer (not a default, not in
+    # TESTED_VARIANTS: test_block_list_bit_identical and JFM_TEST_VARIANTS select it)
+    assert _cuda.resolve_variant(16) == 16 and _cuda.BLOCK_LIST_VARIANT == 16
+    assert 16 in _cuda.GROUP_META_VARIANTS and 16 not in _cuda.TESTED_VARIANTS
+    assert 16 not in {v for t in _cuda.DEFAULT_VARIANTS.values() for pair in t.values() for v in pair}
+    for d in (64, 128, 256):
+        assert _cuda.variant_supported(16, jnp.bfloat16, d)
+    with pytest.raises(ValueError, match="forward kernel variant 17; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16,"):
+        _cuda.resolve_variant(17)
     for removed in (1, 8, 9):
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)

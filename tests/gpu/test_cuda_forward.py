@@ -71,6 +71,8 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 # Variants 10 / 11 (3 / 7 with the partial blocks' mask as bit words) are not in TESTED_VARIANTS:
 # select them with JFM_TEST_VARIANTS="3,10,11"; test_mask_bits_bit_identical always runs them
 # against 3 (and test_group_scan_bit_identical 11 with the group level on).
+# Variant 16 (11 with the consumers' block walk from the producer) likewise: JFM_TEST_VARIANTS="11,16";
+# test_block_list_bit_identical runs it against 11.
 # JFM_TEST_VARIANTS="3,6" overrides the list (the device script runs new variants in a separate,
 # time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
@@ -416,6 +418,69 @@ def test_mask_bits_bit_identical(d):
     # many tiles per CTA (B * N * ceil(Sq / 128) = 4 * 8 * 20 = 640 tiles on <= 132 CTAs)
     q, k, v = _inputs(rng, 4, 2500, 2500, 8, 8, d, jnp.bfloat16)
     same(q, k, v, _suite(2500, seed, 4)["random_eviction"], d ** -0.5, "random_eviction B=4 S=2500")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_block_list_bit_identical(d):
+    """Variant 16 (variant 11 with the consumers' key-block walk taken from the producer's job slots:
+    flags partial / last kept block per K stage, a has-any-block flag per query tile) visits the same
+    key blocks in the same order with the same arithmetic as 11, so outputs and LSE are equal bit for
+    bit: the 12 mask families with the group level off (S = 1500: ragged last tiles) and on (S = 12800,
+    d = 256: 6400), GQA with a mask head per query head, query tiles that keep no block (LSE -inf)
+    between tiles that do, one-block tiles, Sk % 4 != 0, both dtypes, > 32 groups with kept windows
+    separated by skipped groups, many tiles per CTA (the job ring wraps across tiles), and sm_margin
+    (fewer CTAs, longer tile chains; one CTA)."""
+    v16 = getattr(_cuda, "BLOCK_LIST_VARIANT", None)
+    v11 = getattr(_cuda, "MASK_BITS_GS_VARIANT", None)
+    if v16 is None or v11 is None or not _supported(v16, jnp.bfloat16, d):
+        pytest.skip(f"forward variant 16 (block list) not compiled for d={d}")
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+
+    def same(q, k, v, bb, scale, label, margins=(0,)):
+        bb = jnp.asarray(bb)
+        o11, l11 = _cuda.forward(q, k, v, bb, scale=scale, variant=v11)
+        o11 = np.asarray(o11.astype(jnp.float32))
+        l11 = np.asarray(l11)
+        for margin in margins:
+            o, l = _cuda.forward(q, k, v, bb, scale=scale, variant=v16, sm_margin=margin)
+            msg = f"seed={seed} {label} d={d} dtype={q.dtype} sm_margin={margin}"
+            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), o11, err_msg=msg)
+            np.testing.assert_array_equal(np.asarray(l), l11, err_msg=msg)
+        return o11, l11
+
+    S = 1500
+    q, k, v = _inputs(rng, 1, S, S, 8, 2, d, jnp.bfloat16)
+    for name, bb in _suite(S, seed).items():
+        same(q, k, v, bb, d ** -0.5, f"{name} S={S}")
+    same(q, k, v, random_bounds(rng, 1, 8, S, S), 40.0 / d ** 0.5, "random Hm=8 large logits")
+    S = 12800 if d < 256 else 6400  # group level on (>= 3 groups of 32 key blocks)
+    q, k, v = _inputs(rng, 1, S, S, 2, 1, d, jnp.bfloat16)
+    for name, bb in _suite(S, seed).items():
+        same(q, k, v, bb, d ** -0.5, f"{name} S={S}")
+    for dtype in (jnp.bfloat16, jnp.float16):
+        for Sq, Sk in ((700, 1111), (1025, 260), (130, 3), (129, 1000)):
+            q, k, v = _inputs(rng, 2, Sq, Sk, 4, 2, d, dtype)
+            bb = random_bounds(rng, 2, 2, Sq, Sk)
+            bb[1, :, 0, :] = 0  # batch 1: rows [0, Sq // 3) masked in every column (empty tiles)
+            bb[1, :, 1, :] = Sq // 3
+            o11, l11 = same(q, k, v, bb, d ** -0.5, f"Sq={Sq} Sk={Sk}", margins=(0, 131))
+            assert np.all(l11[1, : Sq // 3] == -np.inf) and np.all(o11[1, : Sq // 3] == 0.0)
+    # more than 32 groups, windows separated by skipped groups, a query tile with no kept block
+    Sq = 384
+    Sk = 140004 if d < 256 else 70004
+    b = np.zeros((1, 1, 4, Sk), np.int32)
+    b[:, :, 1] = Sq
+    for lo, hi in ((1000, 1300), (Sk // 2, Sk // 2 + 100), (Sk - 3000, Sk - 2500), (Sk - 50, Sk)):
+        b[0, 0, 0, lo:hi] = rng.integers(0, 256, hi - lo)
+    q, k, v = _inputs(rng, 1, Sq, Sk, 2, 1, d, jnp.float16)
+    o11, l11 = same(q, k, v, b, d ** -0.5, f"Sq={Sq} Sk={Sk}")
+    assert np.all(l11[0, 256:] == -np.inf) and np.all(o11[0, 256:] == 0.0)
+    # many tiles per CTA (4 * 8 * 20 = 640 tiles), fewer CTAs, one CTA
+    q, k, v = _inputs(rng, 4, 2500, 2500, 8, 8, d, jnp.bfloat16)
+    for name in ("sliding_window", "causal_document", "random_eviction"):
+        same(q, k, v, _suite(2500, seed, 4)[name], d ** -0.5, f"{name} B=4 S=2500",
+             margins=(0, 1, 16, 131, 100000))
 
 
 # --------------------------------------------------------------------------- variants 12 and 13
