@@ -348,6 +348,17 @@ def _assert_same_bits(a, b, msg):
         assert np.array_equal(x, y), f"{name} differs between two deterministic runs: {msg}"
 
 
+def _check_twice_bitwise(q, k, v, do, b, seed, case, *, scale, variant, msg):
+    """Deterministic gradients of `variant` (None: the default) against the reference, twice with
+    another backward in between: bitwise the same both times."""
+    det = jax.jit(lambda *a: _bwd(*a, scale=scale, deterministic=True, variant=variant))
+    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
+         scale=0.1)
+    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    _assert_same_bits(first, second, msg)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", ["causal", "full", "document", "random_gqa", "random_hm_n",
                                   "sliding_window", "many_words"])
@@ -374,13 +385,8 @@ def test_deterministic_bitwise(case, variant):
         B, Sq, Sk, N, K = 1, 200, 4500, 2, 1
         b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=variant))
-    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    # other work in between, then the same call again
-    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
-         scale=0.1)
-    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _assert_same_bits(first, second, f"seed={seed} case={case} variant={variant}")
+    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=d ** -0.5, variant=variant,
+                         msg=f"seed={seed} case={case} variant={variant}")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -1136,12 +1142,8 @@ def test_d256_deterministic_bitwise(case):
         B, Sq, Sk, N, K = 1, 200, 2300, 2, 1
         b = random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.8)
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 256, jnp.bfloat16)
-    det = jax.jit(lambda *a: _bwd(*a, scale=256 ** -0.5, deterministic=True))
-    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
-         scale=0.1)
-    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _assert_same_bits(first, second, f"seed={seed} case={case} d=256")
+    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=256 ** -0.5, variant=None,
+                         msg=f"seed={seed} case={case} d=256")
 
 
 def test_d256_deterministic_large_many_ctas():
@@ -1272,12 +1274,8 @@ def test_det_groups_reference(case, variant):
     else:
         b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=DETG))
-    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
-         scale=0.1)
-    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _assert_same_bits(first, second, f"seed={seed} case={case} variant {DETG}")
+    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=d ** -0.5, variant=DETG,
+                         msg=f"seed={seed} case={case} variant {DETG}")
 
 
 @pytest.mark.parametrize("variant", DETGS)
@@ -1387,12 +1385,8 @@ def test_det_auto_reference(case):
     else:
         b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True, variant=DET_AUTO))
-    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _bwd(q, k, v, jnp.asarray(b), *_cuda.forward(q, k, v, jnp.asarray(b), scale=0.1), do, None,
-         scale=0.1)
-    second = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
-    _assert_same_bits(first, second, f"seed={seed} case={case} variant 17")
+    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=d ** -0.5, variant=DET_AUTO,
+                         msg=f"seed={seed} case={case} variant 17")
 
 
 @pytest.mark.parametrize("mask", ["document", "full", "causal", "small_docs"])
