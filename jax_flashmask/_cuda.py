@@ -58,11 +58,10 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
 # wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
 # The persistent variants (3, 5, 6, 7, 10-16) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
-# Default 3 since run 6; run B (H200, 2026-11-30, with the branch-free element mask) confirms it:
-# 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s
-# (benchmarks/NOTES.md, forward run B).
-# Default by key length: variant 7 (the group walk) from LONG_KEYS keys on. H200 2026-12-01, d = 128,
-# bit-identical to 3, v3 -> v7 in one interleaved run (`--variants 3 7 3 7`, s5 runs 6-7, with the
+# History of the default (today's: DEFAULT_VARIANTS below): 3 from run 6 (run B, H200 2026-11-30:
+# 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s;
+# benchmarks/NOTES.md, forward run B); then variant 7 (the group walk) from LONG_KEYS keys on,
+# H200 2026-12-01, d = 128, bit-identical to 3, v3 -> v7 in one interleaved run (`--variants 3 7 3 7`, s5 runs 6-7, with the
 # walk's merged first step): 128K sliding_window 538 -> 578, causal_document 526 -> 568,
 # share_question 441 -> 541, prefix_lm_document 531 -> 568, full 616 -> 616; 32K sliding_window
 # 483 -> 529, causal_document 485 -> 515, share_question 376 -> 431, prefix_lm_document 484 -> 509,
