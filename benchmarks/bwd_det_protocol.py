@@ -462,24 +462,17 @@ def simulate(bounds, Sq, N, K, config, det, dq_mode=1, resident=132, G=None, ite
 
 # ----------------------------------------------------------------------------------------- cases
 
+# the GPU tests' bounds (tests/gpu/_gpu_bounds.py), so the cases draw the same masks
+_bounds = importlib.util.module_from_spec(
+    importlib.util.spec_from_file_location("_gpu_bounds", HERE.parent / "tests" / "gpu" / "_gpu_bounds.py"))
+_bounds.__spec__.loader.exec_module(_bounds)
+
+
 def _causal(B, Sq, Sk):
-    j = np.arange(Sk)
-    b = np.zeros((B, 1, 4, Sk), np.int32)
-    b[:, :, 0] = Sq
-    b[:, :, 1] = Sq
-    b[:, :, 3] = np.clip(j - (Sk - Sq), 0, Sq)
-    return b
+    return _bounds.causal_bounds(B, 1, Sq, Sk)
 
 
-def _random(rng, B, Hm, Sq, Sk, p_unmasked=0.3):  # tests/gpu/_gpu_bounds.random_bounds
-    lts = rng.integers(0, Sq + 1, (B, Hm, Sk))
-    lte = lts + rng.integers(0, Sq + 1, (B, Hm, Sk))
-    uts = rng.integers(0, Sq + 1, (B, Hm, Sk))
-    ute = uts + rng.integers(0, Sq // 2 + 1, (B, Hm, Sk))
-    b = np.stack([lts, np.minimum(lte, Sq), uts, np.minimum(ute, Sq)], axis=2)
-    free = rng.random((B, Hm, 1, Sk)) < p_unmasked
-    b = np.where(free, np.array([Sq, Sq, 0, 0])[None, None, :, None], b)
-    return b.astype(np.int32)
+_random = _bounds.random_bounds
 
 
 def _documents(B, S, docs):
