@@ -32,9 +32,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import fwd_mask_model as fm  # noqa: E402
 from bwd_mask_model import classify, suite_bounds  # noqa: E402
 
-SMS = 132
-H = 32
-TOKENS = 131072
+SMS, H, TOKENS = fm.SMS, fm.H, fm.TOKENS  # the H200 and the protocol's token count
 
 
 # ------------------------------------------------------------------------------ the reversed walk

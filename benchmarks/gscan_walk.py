@@ -42,12 +42,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bwd_mask_model import suite_bounds  # noqa: E402
-from fwd_mask_model import _meta, group_bits, group_meta, random_walk_case, scan_bits  # noqa: E402
+from fwd_mask_model import (BM, H, SMS, TOKENS, _meta, group_bits, group_meta,  # noqa: E402
+                            random_walk_case, scan_bits)
 
-BM = 128
-SMS = 132
-H = 32
-TOKENS = 131072
 MASKS = ["full", "causal", "sliding_window", "causal_document", "document", "share_question",
          "prefix_lm_document", "random_eviction"]
 POS = ("pre", "first", "mid", "trail")

@@ -861,6 +861,24 @@ def test_lockstep_bitwise_equals_variant5(case, variant):
         _check(q, k, v, do, bs[-1], seed=f"lockstep {case}", rng=rng, dq_mode=mode, variant=variant)
 
 
+def _dense_4k_args(rng, dtype):
+    """Backward arguments (q, k, v, bounds, out, lse, dO, no dLSE) at 4K tokens, d = 128, for the
+    causal and the full mask: 64 query tiles per CTA, many CTAs per dQ tile."""
+    B, S, N, K = 1, 4096, 4, 2
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, dtype)
+    for b in (causal_bounds(B, 1, S, S),
+              np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        yield (q, k, v, bj, out, lse, do, None)
+
+
+def _assert_deterministic_repeat(args, variant):
+    d1 = _bwd(*args, scale=0.1, deterministic=True, variant=variant)
+    d2 = _bwd(*args, scale=0.1, deterministic=True, variant=variant)
+    _assert_same_bits(d1, d2, f"variant {variant} deterministic repeat")
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_lockstep_fp16_and_large(dtype):
     """Variant 12 at 4K (64 query tiles per CTA, many CTAs per dQ tile), bf16 and fp16, causal and
@@ -869,22 +887,14 @@ def test_lockstep_fp16_and_large(dtype):
         pytest.skip("variants 12 and 5 not both under test")
     _need(dtype, 128)
     rng = np.random.default_rng(37)
-    B, S, N, K = 1, 4096, 4, 2
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, dtype)
-    for b in (causal_bounds(B, 1, S, S),
-              np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        args = (q, k, v, bj, out, lse, do, None)
+    for args in _dense_4k_args(rng, dtype):
         r5 = _bwd(*args, scale=0.1, variant=5)
         r12 = _bwd(*args, scale=0.1, variant=12)
         _assert_equal(r5[1], r12[1], "dk v12 vs v5")
         _assert_equal(r5[2], r12[2], "dv v12 vs v5")
         assert _relerr(np.asarray(r12[0].astype(jnp.float32)),
                        np.asarray(r5[0].astype(jnp.float32), np.float64)) < 1e-3
-        d1 = _bwd(*args, scale=0.1, deterministic=True, variant=12)
-        d2 = _bwd(*args, scale=0.1, deterministic=True, variant=12)
-        _assert_same_bits(d1, d2, "variant 12 deterministic repeat")
+        _assert_deterministic_repeat(args, 12)
 
 
 def test_lockstep_variants_d_check():
@@ -1003,21 +1013,13 @@ def test_rows80_fp16_large_and_d_check(dtype):
     f = jax.jit(lambda *a: _bwd(*a, None, scale=0.1, variant=16))
     hlo = f.lower(q, k, v, b, q, jnp.zeros((1, 300, 4)), do).as_text()
     assert "tensor<1x4x320x128xf32>" in hlo  # dQ workspace, Sq padded to 80-row tiles (4 x 80)
-    B, S, N, K = 1, 4096, 4, 2
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, dtype)
-    for b in (causal_bounds(B, 1, S, S),
-              np.tile(np.array([S, S, 0, 0], np.int32)[None, None, :, None], (B, 1, 1, S))):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        args = (q, k, v, bj, out, lse, do, None)
+    for args in _dense_4k_args(rng, dtype):
         r13 = _bwd(*args, scale=0.1, variant=13)
         r16 = _bwd(*args, scale=0.1, variant=16)
         for name, x, y in zip(("dq", "dk", "dv"), r16, r13):
             assert _relerr(np.asarray(x.astype(jnp.float32)),
                            np.asarray(y.astype(jnp.float32), np.float64)) < 1e-3, name
-        d1 = _bwd(*args, scale=0.1, deterministic=True, variant=16)
-        d2 = _bwd(*args, scale=0.1, deterministic=True, variant=16)
-        _assert_same_bits(d1, d2, "variant 16 deterministic repeat")
+        _assert_deterministic_repeat(args, 16)
 
 
 # --------------------------------------------------------------------------- head dim 256 kernel
