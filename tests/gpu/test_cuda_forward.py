@@ -221,6 +221,21 @@ def test_jit_and_vmap():
     np.testing.assert_array_equal(np.asarray(lse[:, 0]), np.asarray(rl))
 
 
+def _assert_bit_identical(ref, variants, q, k, v, bounds, scale, msg, margins=(0,)):
+    """Output and LSE of every variant in `variants` (at every sm_margin in `margins`) equal to
+    variant `ref`'s bit for bit; returns ref's (out as float32, lse) as numpy arrays."""
+    bounds = jnp.asarray(bounds)
+    ro, rl = _cuda.forward(q, k, v, bounds, scale=scale, variant=ref)
+    ro, rl = np.asarray(ro.astype(jnp.float32)), np.asarray(rl)
+    for var in variants:
+        for margin in margins:
+            o, l = _cuda.forward(q, k, v, bounds, scale=scale, variant=var, sm_margin=margin)
+            m = f"{msg} dtype={q.dtype} variant={var} vs {ref} sm_margin={margin}"
+            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), ro, err_msg=m)
+            np.testing.assert_array_equal(np.asarray(l), rl, err_msg=m)
+    return ro, rl
+
+
 @pytest.mark.parametrize("d", [128, 256])
 def test_sm_margin_identical(d):
     """sm_margin > 0 (fewer persistent CTAs, each walking more tiles) gives bit-identical outputs:
@@ -233,14 +248,9 @@ def test_sm_margin_identical(d):
         b = jnp.asarray(b)
         for var in sorted(v for v in (set(_cuda.PERSISTENT_VARIANTS) & set(VARIANTS)) | {3}
                          if _supported(v, q.dtype, d)):
-            ro, rl = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var)
-            ro = np.asarray(ro.astype(jnp.float32))
-            rl = np.asarray(rl)
-            for margin in (1, 16, 100, 131, 100000):  # 100000: clamped to one CTA
-                o, l = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var, sm_margin=margin)
-                msg = f"seed={seed} variant={var} sm_margin={margin} d={d}"
-                np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), ro, err_msg=msg)
-                np.testing.assert_array_equal(np.asarray(l), rl, err_msg=msg)
+            # 100000: clamped to one CTA
+            _assert_bit_identical(var, [var], q, k, v, b, d ** -0.5, f"seed={seed} d={d}",
+                                  margins=(1, 16, 100, 131, 100000))
     # the one-CTA-per-tile variants ignore it
     o2, _ = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=2, sm_margin=64)
     r2, _ = _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=2)
@@ -299,14 +309,7 @@ def test_group_scan_bit_identical(d):
     others = [v7] + [v for v in (getattr(_cuda, "MASK_BITS_GS_VARIANT", None),)
                      if v is not None and _supported(v, jnp.bfloat16, d)]
     for label, bb, scale in cases:
-        bb = jnp.asarray(bb)
-        o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
-        for var in others:
-            o7, l7 = _cuda.forward(q, k, v, bb, scale=scale, variant=var)
-            msg = f"seed={seed} {label} d={d} variant={var}"
-            np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
-                                          err_msg=msg)
-            np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
+        _assert_bit_identical(3, others, q, k, v, bb, scale, f"seed={seed} {label} d={d}")
     # more than 32 groups (1094 key blocks), both dtypes
     Sq = 384
     Sk = 140004 if d < 256 else 70004  # not a multiple of the key block: ragged last block
@@ -316,14 +319,8 @@ def test_group_scan_bit_identical(d):
         b[0, 0, 0, lo:hi] = rng.integers(0, 256, hi - lo)  # ... but rows [0, LTS) in four windows
     for dtype in (jnp.bfloat16, jnp.float16):
         q, k, v = _inputs(rng, 1, Sq, Sk, 2, 1, d, dtype)
-        o3, l3 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=3)
-        o3 = np.asarray(o3.astype(jnp.float32))
-        l3 = np.asarray(l3)
-        for var in others:
-            o7, l7 = _cuda.forward(q, k, v, jnp.asarray(b), scale=d ** -0.5, variant=var)
-            msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d} dtype={dtype.__name__} variant={var}"
-            np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), o3, err_msg=msg)
-            np.testing.assert_array_equal(np.asarray(l7), l3, err_msg=msg)
+        msg = f"seed={seed} Sq={Sq} Sk={Sk} d={d}"
+        o3, l3 = _assert_bit_identical(3, others, q, k, v, b, d ** -0.5, msg)
         assert np.all(l3[0, 256:] == -np.inf) and np.all(o3[0, 256:] == 0.0), msg  # the empty tile
         assert np.all(np.isfinite(l3[0, :200])), msg
 
@@ -349,12 +346,7 @@ def test_group_scan_bit_identical_benchmark_masks(S):
     for name in names:
         m = suite[name]
         bb = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
-        o3, l3 = _cuda.forward(q, k, v, bb, scale=128 ** -0.5, variant=3)
-        o7, l7 = _cuda.forward(q, k, v, bb, scale=128 ** -0.5, variant=v7)
-        msg = f"seed={seed} {name} S={S}"
-        np.testing.assert_array_equal(np.asarray(o7.astype(jnp.float32)), np.asarray(o3.astype(jnp.float32)),
-                                      err_msg=msg)
-        np.testing.assert_array_equal(np.asarray(l7), np.asarray(l3), err_msg=msg)
+        _assert_bit_identical(3, [v7], q, k, v, bb, 128 ** -0.5, f"seed={seed} {name} S={S}")
 
 
 def _extreme_bounds(rng, B, Hm, Sk):
@@ -386,16 +378,7 @@ def test_mask_bits_bit_identical(d):
     rng = np.random.default_rng(seed)
 
     def same(q, k, v, bb, scale, label):
-        bb = jnp.asarray(bb)
-        o3, l3 = _cuda.forward(q, k, v, bb, scale=scale, variant=3)
-        o3 = np.asarray(o3.astype(jnp.float32))
-        l3 = np.asarray(l3)
-        for var in news:
-            o, l = _cuda.forward(q, k, v, bb, scale=scale, variant=var)
-            msg = f"seed={seed} {label} d={d} dtype={q.dtype} variant={var}"
-            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), o3, err_msg=msg)
-            np.testing.assert_array_equal(np.asarray(l), l3, err_msg=msg)
-        return o3, l3
+        return _assert_bit_identical(3, news, q, k, v, bb, scale, f"seed={seed} {label} d={d}")
 
     S = 1500
     q, k, v = _inputs(rng, 1, S, S, 8, 2, d, jnp.bfloat16)
@@ -438,16 +421,8 @@ def test_block_list_bit_identical(d):
     rng = np.random.default_rng(seed)
 
     def same(q, k, v, bb, scale, label, margins=(0,)):
-        bb = jnp.asarray(bb)
-        o11, l11 = _cuda.forward(q, k, v, bb, scale=scale, variant=v11)
-        o11 = np.asarray(o11.astype(jnp.float32))
-        l11 = np.asarray(l11)
-        for margin in margins:
-            o, l = _cuda.forward(q, k, v, bb, scale=scale, variant=v16, sm_margin=margin)
-            msg = f"seed={seed} {label} d={d} dtype={q.dtype} sm_margin={margin}"
-            np.testing.assert_array_equal(np.asarray(o.astype(jnp.float32)), o11, err_msg=msg)
-            np.testing.assert_array_equal(np.asarray(l), l11, err_msg=msg)
-        return o11, l11
+        return _assert_bit_identical(v11, [v16], q, k, v, bb, scale, f"seed={seed} {label} d={d}",
+                                     margins)
 
     S = 1500
     q, k, v = _inputs(rng, 1, S, S, 8, 2, d, jnp.bfloat16)
