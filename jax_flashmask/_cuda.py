@@ -102,11 +102,13 @@ LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key colu
 # 128K on every mask (full 613 -> 628, share_question 405 -> 462, random_eviction 457 -> 511 at
 # 32K); at 8K (run 3) 10 and 11 both over 3 on every mask (full 592 -> 603, document 518 -> 554,
 # random_eviction 440 -> 515), 10 and 11 within noise of each other: 11 at every length. d = 256: 13 (key blocks of 80) full 671 (cuDNN 654), 15 (13 + paired tiles) causal 644
-# (3: 577), 15 on the masked cases at 32K, 3 at 8K (13 / 15 lose 9-10 % on sliding_window there).
+# (3: 577); general masks: 3 at 8K (13 / 15 lose 9-10 % on sliding_window there), and at 32K
+# 11 (s7 run 4, 3 / 11 / 13 / 15: sliding_window 493 / 531 / 495 / 513, cuDNN 583; document 547 /
+# 569 / 567 / 554; causal_document 484 / 527 / 506 / 477; share_question 452 / 527 / 448 / 435).
 DEFAULT_VARIANTS = {
     64: {"full": (12, 12), "causal": (12, 12), "general": (11, 11)},
     128: {"full": (11, 11), "causal": (11, 11), "general": (11, 11)},
-    256: {"full": (13, 13), "causal": (15, 15), "general": (DEFAULT_VARIANT, 15)},
+    256: {"full": (13, 13), "causal": (15, 15), "general": (DEFAULT_VARIANT, MASK_BITS_GS_VARIANT)},
 }
 STRUCTURES = ("full", "causal", "general")
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
@@ -400,7 +402,7 @@ DEFAULT_BWD_DQ_MODE = 1
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
-# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 13 at d = 128, (nominal) 5 at 256.
+# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 16 at d = 128, (nominal) 5 at 256.
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
@@ -416,9 +418,9 @@ DET_GROUPS_BWD_VARIANTS = (DET_GROUPS_BWD_VARIANT, DET_PIPE_BWD_VARIANT)
 DET_AUTO_BWD_VARIANT = 17  # 13 with 15's writer and launch groups sized on the device (deterministic)
 LOCKSTEP_BWD_VARIANTS = (12, 13, 17)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 # Variant 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (benchmarks/NOTES_bwd80.md); d = 128
-# only (ValueError at 64 and 256), Sq padded to a multiple of 80. Not a default.
+# only (ValueError at 64 and 256), Sq padded to a multiple of 80. The default at d = 128.
 BWD_ROWS80_VARIANTS = (16,)
-# The base variant: the deterministic default at d = 128 and d = 256's nominal number.
+# The base variant: d = 256's nominal number (and the deterministic default at d = 128 until s7).
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
                          # 424 / 405 / 312; benchmarks/results/bwd_dev_2026-11-30_run3.md.
@@ -432,12 +434,17 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
 # share_question 238 -> 278. d = 128 then variant 13 (10 with lock-step consumer warpgroups; s5 run
 # 6, 32K: full 491 -> 513, causal 490 -> 514, document 440 -> 467, sliding_window 397 -> 415,
 # causal_document 394 -> 415, share_question 340 -> 361; s6 run 1: 72 GPU tests passed, memcheck 0
-# errors, racecheck 0 hazards).
-DEFAULT_BWD_VARIANTS = {64: 11, 128: 13, 256: DEFAULT_BWD_VARIANT}
-# Deterministic mode at d = 128 keeps variant 5: there 10 and 13 are not faster (s5 run 3, 32K:
-# full 426 vs 406 (10), causal 442 vs 424 (10); s5 run 6: 13 full 408, causal 424, document 350
-# against 5's 418 / 437 / 337).
-DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DEFAULT_BWD_VARIANT}
+# errors, racecheck 0 hazards). d = 128 then variant 16 (13 with 80-row query tiles; H200 s7 runs
+# 1-3, 32K, bwd_timing.py interleaved: full 507 -> 530, causal 502 -> 526, document 460 -> 479,
+# sliding_window 405 -> 414, causal_document 409 -> 421, share_question 363 -> 369; dK/dV bitwise
+# 13; 79 GPU tests passed, memcheck / synccheck 0 errors, racecheck 0 hazards).
+DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
+# Deterministic mode at d = 128: variant 17 (13's body, 15's pipelined writer, launch groups sized
+# on the device; gradients bitwise equal to 5's). H200 s7 runs 2-3, 32K, deterministic, 5 -> 17:
+# full 420 -> 482, causal 438 -> 474, document 334 -> 418, sliding_window 359 -> 374,
+# share_question 291 -> 292, but causal_document 337 -> 315 and prefix_lm_document 347 -> 310
+# (44 GPU tests passed, racecheck 0 hazards). Before: 5 (10 and 13 were not faster there).
+DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DET_AUTO_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
@@ -445,8 +452,8 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
                         deterministic: bool = False) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 13 at d = 128, 5 at 256), or
-    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (5 at d = 128). ValueError for a variant
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256), or
+    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (17 at d = 128). ValueError for a variant
     that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
@@ -488,7 +495,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 13 at d = 128 (resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 16 at d = 128 (resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
