@@ -57,7 +57,7 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # Measured and removed: 1 (one consumer warpgroup), 7 (old number: key blocks of 176: run B +0.4 % on
 # full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
 # wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
-# The persistent variants (3, 5, 6, 7, 10-16) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# The persistent variants (3, 5, 6, 7, 10-18) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # History of the default (today's: DEFAULT_VARIANTS below): 3 from run 6 (run B, H200 2026-11-30:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s;
 # benchmarks/NOTES.md, forward run B); then variant 7 (the group walk) from LONG_KEYS keys on,
@@ -70,7 +70,11 @@ GROUP_SCAN_VARIANT = 7
 MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_identical)
 MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
 BLOCK_LIST_VARIANT = 16  # 11 with the consumers' block walk from the producer's job slots
-GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARIANT)  # + group metadata
+# 11's walk and mask on the single-head-dim kernels: 17 = 12 + both (d = 64), 18 = 13 + both (d = 256)
+WG3_MASK_BITS_VARIANT = 17
+BN80_MASK_BITS_VARIANT = 18
+GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT,
+                       BN80_MASK_BITS_VARIANT)  # + group metadata
 # Forward variants compiled for one head dim (HEAD_DIM_VARIANTS below):
 #  12: variant 3 with three consumer warpgroups, d = 64 only: 192-row query tiles, key blocks of 128,
 #      GEMM issue in a round robin over the three warpgroups (each softmax under the two others'
@@ -86,11 +90,15 @@ GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARI
 #      apart: aimed at the L2 reuse distance of d = 256 causal (benchmarks/NOTES_fwd_hd.md; not
 #      yet run on a GPU).
 #  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
+#  17: 12 with 11's two-level walk and bit-word mask (d = 64 only; setmaxnreg 56/152 for the
+#      walk's producer state). Bit-identical to 12 (not yet run on a GPU).
+#  18: 13 with 11's two-level walk and bit-word mask (d = 256 only; the bit words take the place
+#      of the staged bounds in shared memory). Bit-identical to 13 (not yet run on a GPU).
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
-            BLOCK_LIST_VARIANT)
+            BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
 PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
-                       BLOCK_LIST_VARIANT)
+                       BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key column of DEFAULT_VARIANTS
 # variant=None: DEFAULT_VARIANTS[head_dim][structure] = (variant below LONG_KEYS keys, from LONG_KEYS
@@ -114,7 +122,7 @@ STRUCTURES = ("full", "causal", "general")
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
 # Variants compiled for one head dim only (variant -> head dim); forward() raises ValueError for
 # the others. Every other variant is compiled for 64, 128 and 256.
-HEAD_DIM_VARIANTS = {12: 64, 13: 256, 14: 256, 15: 256}
+HEAD_DIM_VARIANTS = {12: 64, 13: 256, 14: 256, 15: 256, WG3_MASK_BITS_VARIANT: 64, BN80_MASK_BITS_VARIANT: 256}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -219,7 +227,7 @@ def variant_supported(variant: int, dtype, head_dim: int) -> bool:
 
 def check_variant_head_dim(variant: int, head_dim: int) -> None:
     """ValueError when forward kernel `variant` (already resolved) is not compiled for `head_dim`
-    (variants 12 to 15 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
+    (variants 12 to 15, 17 and 18 are single-head-dim kernels: HEAD_DIM_VARIANTS)."""
     want = HEAD_DIM_VARIANTS.get(int(variant))
     if want is not None and int(head_dim) != want:
         raise ValueError(f"forward kernel variant {variant} is compiled for head dim {want} only, "
@@ -250,7 +258,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15; every default) leave
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-18; every default) leave
     free, e.g. for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     structure: "full" / "causal" when `bounds` is known to be the unmasked (or causal) mask,

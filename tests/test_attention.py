@@ -333,7 +333,7 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
-    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16} <= set(_cuda.VARIANTS)
+    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 18} <= set(_cuda.VARIANTS)
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
@@ -349,8 +349,14 @@ def test_cuda_kernel_variant_resolution():
     assert 16 not in {v for t in _cuda.DEFAULT_VARIANTS.values() for pair in t.values() for v in pair}
     for d in (64, 128, 256):
         assert _cuda.variant_supported(16, jnp.bfloat16, d)
-    with pytest.raises(ValueError, match="forward kernel variant 17; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16,"):
-        _cuda.resolve_variant(17)
+    # 17 / 18: 12 / 13 with 11's walk and mask bits, d = 64 / 256 only, group metadata, not defaults
+    for var, d in ((17, 64), (18, 256)):
+        assert _cuda.resolve_variant(var) == var and var in _cuda.GROUP_META_VARIANTS
+        assert [_cuda.variant_supported(var, jnp.bfloat16, dd) for dd in (64, 128, 256)] == [
+            dd == d for dd in (64, 128, 256)]
+        assert var not in _cuda.TESTED_VARIANTS
+    with pytest.raises(ValueError, match="forward kernel variant 19; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 18,"):
+        _cuda.resolve_variant(19)
     for removed in (1, 8, 9):
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)

@@ -20,8 +20,8 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if ((p.variant < 2 || p.variant > 7) && (p.variant < 10 || p.variant > 16)) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10 to 16)";
+  if ((p.variant < 2 || p.variant > 7) && (p.variant < 10 || p.variant > 18)) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10 to 18)";
     return cudaErrorInvalidValue;
   }
   if (p.variant == 10) {
@@ -97,6 +97,26 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     }
     return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, false, false, true>(p, stream, err)
                 : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, false, false, true>(p, stream, err);
+  }
+  if (p.variant == 17) {
+    // Variant 12 (three consumer warpgroups) with variant 11's two-level walk and bit-word mask,
+    // d = 64 only (inst/*_d64_bn128_wg3_*_gsmb.cu). Same outputs as variant 12, bit for bit.
+    if (p.d != 64) {
+      if (err) *err = "flashmask sm90 forward: variant 17 (three consumer warpgroups, mask bits) is head dim 64 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 3, 2, true, true, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 64, 128, 3, 2, true, true, true>(p, stream, err);
+  }
+  if (p.variant == 18) {
+    // Variant 13 (key blocks of 80) with variant 11's two-level walk and bit-word mask, d = 256
+    // only (inst/*_d256_bn80_*_gsmb.cu). Same outputs as variant 13, bit for bit.
+    if (p.d != 256) {
+      if (err) *err = "flashmask sm90 forward: variant 18 (key blocks of 80, mask bits) is head dim 256 only";
+      return cudaErrorInvalidValue;
+    }
+    return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 80, 2, 2, true, true, true>(p, stream, err)
+                : sm90::launch_fwd<half_t, 256, 80, 2, 2, true, true, true>(p, stream, err);
   }
   if (p.variant == 12) {
     // Variant 3's grid and bounds path with three consumer warpgroups (192-row query tiles, GEMM

@@ -118,9 +118,11 @@ struct FwdTraitsGroupScan : Base {
   // R185 (d64) / R221 (d256) under 224: no spills anywhere (NOTES_gscan.md, compile facts).
   // kWideRegs (Bn > 128, or Bn > 64 at d = 256) keeps 24/240; the group-walk kernels compiled
   // (d64 / d128 Bn = 128, d256 Bn = 64) are all narrow, i.e. 56/224.
-  static_assert(Base::NWG == 2, "the 56/224 split assumes two consumer warpgroups");
-  static constexpr int kRegProducer = Base::kWideRegs ? 24 : 56;
-  static constexpr int kRegConsumer = Base::kWideRegs ? 240 : 224;
+  // Three consumer warpgroups (variant 17, d = 64) keep variant 12's 32/160: at 56/152 the
+  // consumers spilled four registers around every key block's QK^T (session 7); the producer's
+  // spills at 32 sit off the critical path (it runs a stage ahead).
+  static constexpr int kRegProducer = Base::NWG == 3 ? 32 : (Base::kWideRegs ? 24 : 56);
+  static constexpr int kRegConsumer = Base::NWG == 3 ? 160 : (Base::kWideRegs ? 240 : 224);
 };
 
 // Variant 10 (11: over FwdTraitsGroupScan): the element mask of a partial key block is built by
@@ -137,13 +139,32 @@ struct FwdTraitsMaskBits : Base {
   static constexpr bool kMaskBits = true;
   static constexpr int kBuilders = 64;  // threads 32..95 of the producer warpgroup
   static_assert(Base::Bm % 32 == 0, "bit words cover 32 query rows");
-  struct SharedStorage : Base::SharedStorage {
-    alignas(16) uint32_t bits[Base::Stages][Base::Bm / 32][Base::Bn];
+  using Words = uint32_t[Base::Stages][Base::Bm / 32][Base::Bn];
+  struct OwnWords : Base::SharedStorage {
+    alignas(16) Words bits;
     alignas(16) int4 job[Base::Stages];  // {key block (-1: no more), partial, b * Hm + hm, ms}
     alignas(8) uint64_t job_full[Base::Stages];   // job posted (TMA warp, 1 arrival)
     alignas(8) uint64_t bits_full[Base::Stages];  // words of the job written (kBuilders arrivals)
   };
+  // Where the words do not fit beside the rest (variant 18: d = 256, key blocks of 80) they take
+  // the place of the staged bounds, which a mask-bits kernel never loads (smem_bounds = 0):
+  // fwd_words_over_bounds() below.
+  struct WordsOverBounds : Base::SharedStorage {
+    alignas(16) int4 job[Base::Stages];
+    alignas(8) uint64_t job_full[Base::Stages];
+    alignas(8) uint64_t bits_full[Base::Stages];
+    static_assert(sizeof(Words) <= sizeof(Base::SharedStorage::bnd), "words fit over the bounds");
+  };
+  static constexpr bool kWordsOverBounds = sizeof(OwnWords) > 227 * 1024;
+  using SharedStorage = std::conditional_t<kWordsOverBounds, WordsOverBounds, OwnWords>;
 };
+
+// The bit words of stage s in the aliased layout (FwdTraitsMaskBits::WordsOverBounds). The other
+// kernels keep their `ss.bits[s]` text (and SASS): the two use sites branch on kWordsOverBounds.
+template <class T, class SS>
+__device__ __forceinline__ uint32_t (&fwd_words_over_bounds(SS& ss, int s))[T::Bm / 32][T::Bn] {
+  return (*reinterpret_cast<typename T::Words*>(&ss.bnd[0][0][0]))[s];
+}
 
 // Variant 14: FwdTraits whose persistent grid hands out *pairs* of query tiles of one head: in
 // each head the order is heaviest, lightest, second heaviest, second lightest, ... (for a causal
@@ -727,7 +748,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               CUTE_UNROLL
               for (int q = 0; q < Bm / 32; ++q) {
                 const int rb = job.w + 32 * q;
-                ss.bits[s][q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
+                if constexpr (T::kWordsOverBounds) {
+                  fwd_words_over_bounds<T>(ss, s)[q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
+                } else {
+                  ss.bits[s][q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
+                }
               }
             }
           }
@@ -912,7 +937,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // per element); the same -inf / score selection as apply_mask.
       auto apply_bits = [&](int stage) {
         if constexpr (T::kMaskBits) {
-          const uint32_t* wb = &ss.bits[stage][2 * cwg + (warp % 4) / 2][colq];
+          const uint32_t* wb;
+          if constexpr (T::kWordsOverBounds) {
+            wb = &fwd_words_over_bounds<T>(ss, stage)[2 * cwg + (warp % 4) / 2][colq];
+          } else {
+            wb = &ss.bits[stage][2 * cwg + (warp % 4) / 2][colq];
+          }
           CUTE_UNROLL
           for (int kk = 0; kk < Bn / 8; ++kk) {
             const uint2 w = *reinterpret_cast<const uint2*>(wb + 8 * kk);

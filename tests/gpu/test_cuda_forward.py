@@ -72,7 +72,7 @@ def _inputs(rng, B, Sq, Sk, N, K, d, dtype):
 # select them with JFM_TEST_VARIANTS="3,10,11"; test_mask_bits_bit_identical always runs them
 # against 3 (and test_group_scan_bit_identical 11 with the group level on).
 # Variant 16 (11 with the consumers' block walk from the producer) likewise: JFM_TEST_VARIANTS="11,16";
-# test_block_list_bit_identical runs it against 11.
+# test_same_arithmetic_bit_identical runs it against 11 (and 17 / 18 against 12 / 13).
 # JFM_TEST_VARIANTS="3,6" overrides the list (the device script runs new variants in a separate,
 # time-limited pytest call).
 _env_variants = os.environ.get("JFM_TEST_VARIANTS", "").strip()
@@ -403,25 +403,28 @@ def test_mask_bits_bit_identical(d):
     same(q, k, v, _suite(2500, seed, 4)["random_eviction"], d ** -0.5, "random_eviction B=4 S=2500")
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_block_list_bit_identical(d):
-    """Variant 16 (variant 11 with the consumers' key-block walk taken from the producer's job slots:
-    flags partial / last kept block per K stage, a has-any-block flag per query tile) visits the same
-    key blocks in the same order with the same arithmetic as 11, so outputs and LSE are equal bit for
-    bit: the 12 mask families with the group level off (S = 1500: ragged last tiles) and on (S = 12800,
+_SAME_ARITHMETIC = [(16, 11, 64), (16, 11, 128), (16, 11, 256), (17, 12, 64), (18, 13, 256)]
+
+
+@pytest.mark.parametrize("var,ref,d", _SAME_ARITHMETIC, ids=[f"{v}v{r}-d{d}" for v, r, d in _SAME_ARITHMETIC])
+def test_same_arithmetic_bit_identical(var, ref, d):
+    """Variants that change only how key blocks are found or how the mask is evaluated, not which
+    blocks are visited, in which order, or the arithmetic, give outputs and LSE equal to their base
+    bit for bit: 16 (11 with the consumers' key-block walk taken from the producer's job slots)
+    against 11; 17 / 18 (12 / 13 with 11's two-level walk and bit-word mask) against 12 / 13. Cases:
+    the 12 mask families with the group level off (S = 1500: ragged last tiles) and on (S = 12800,
     d = 256: 6400), GQA with a mask head per query head, query tiles that keep no block (LSE -inf)
     between tiles that do, one-block tiles, Sk % 4 != 0, both dtypes, > 32 groups with kept windows
     separated by skipped groups, many tiles per CTA (the job ring wraps across tiles), and sm_margin
     (fewer CTAs, longer tile chains; one CTA)."""
-    v16 = getattr(_cuda, "BLOCK_LIST_VARIANT", None)
-    v11 = getattr(_cuda, "MASK_BITS_GS_VARIANT", None)
-    if v16 is None or v11 is None or not _supported(v16, jnp.bfloat16, d):
-        pytest.skip(f"forward variant 16 (block list) not compiled for d={d}")
+    if not (var in getattr(_cuda, "VARIANTS", ()) and ref in getattr(_cuda, "VARIANTS", ())
+            and _supported(var, jnp.bfloat16, d)):
+        pytest.skip(f"forward variant {var} not compiled for d={d}")
     seed = _seed()
     rng = np.random.default_rng(seed)
 
     def same(q, k, v, bb, scale, label, margins=(0,)):
-        return _assert_bit_identical(v11, [v16], q, k, v, bb, scale, f"seed={seed} {label} d={d}",
+        return _assert_bit_identical(ref, [var], q, k, v, bb, scale, f"seed={seed} {label} d={d}",
                                      margins)
 
     S = 1500
@@ -458,17 +461,18 @@ def test_block_list_bit_identical(d):
              margins=(0, 1, 16, 131, 100000))
 
 
-# --------------------------------------------------------------------------- variants 12 and 13
+# --------------------------------------------------------------------------- variants 12 to 18
 # Single-head-dim kernels (not in TESTED_VARIANTS): 12 = three consumer warpgroups (192-row query
 # tiles, GEMM issue in a round robin), d = 64 only; 13 = key blocks of 80, d = 256 only; 14 = tiles
 # in pairs (the second walked from its last key block down; odd tile counts leave a pair with one
-# tile), d = 256 only; 15 = 13 and 14 together. These
+# tile), d = 256 only; 15 = 13 and 14 together; 17 / 18 = 12 / 13 with 11's two-level walk and
+# bit-word mask. These
 # tests run them whatever JFM_TEST_VARIANTS says (the other d = 64 / 256 tests above run them too
 # when it lists them). Shapes are chosen around their tile sizes: Sq not a multiple of 192, Sk not
 # a multiple of 80 (ragged last key block), Sk % 4 != 0 (bounds read from global memory instead of
 # the smem copy), query tiles with one key block (no round robin at all) and two.
 
-HD_VARIANTS = [(12, 64), (13, 256), (14, 256), (15, 256)]
+HD_VARIANTS = [(12, 64), (13, 256), (14, 256), (15, 256), (17, 64), (18, 256)]
 
 
 def _hd_variant(var, d):
@@ -602,7 +606,7 @@ def test_hd_variant_wrong_head_dim():
     rng = np.random.default_rng(0)
     q, k, v = _inputs(rng, 1, 64, 64, 2, 2, 128, jnp.bfloat16)
     b = causal_bounds(1, 1, 64, 64)
-    for var in (12, 13, 14, 15):
+    for var in (12, 13, 14, 15, 17, 18):
         if var not in getattr(_cuda, "VARIANTS", ()):
             continue
         with pytest.raises(ValueError, match="head dim"):
