@@ -90,8 +90,8 @@ GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARI
 #      apart: aimed at the L2 reuse distance of d = 256 causal (benchmarks/NOTES_fwd_hd.md; not
 #      yet run on a GPU).
 #  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
-#  17: 12 with 11's two-level walk and bit-word mask (d = 64 only; setmaxnreg 56/152 for the
-#      walk's producer state). Bit-identical to 12 (not yet run on a GPU).
+#  17: 12 with 11's two-level walk and bit-word mask (d = 64 only; 12's setmaxnreg 32/160).
+#      Bit-identical to 12 (not yet run on a GPU).
 #  18: 13 with 11's two-level walk and bit-word mask (d = 256 only; the bit words take the place
 #      of the staged bounds in shared memory). Bit-identical to 13 (not yet run on a GPU).
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
