@@ -91,9 +91,10 @@ GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARI
 #      yet run on a GPU).
 #  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
 #  17: 12 with 11's two-level walk and bit-word mask (d = 64 only; 12's setmaxnreg 32/160).
-#      Bit-identical to 12 (not yet run on a GPU).
+#      Bit-identical to 12 (H200 s7 run 5: 87 hd_variant tests, memcheck / racecheck clean).
 #  18: 13 with 11's two-level walk and bit-word mask (d = 256 only; the bit words take the place
-#      of the staged bounds in shared memory). Bit-identical to 13 (not yet run on a GPU).
+#      of the staged bounds in shared memory). Bit-identical to 13 (s7 run 5). Not a default: at
+#      32K full 616 against 13's 671, sliding_window 505 against 11's 523 (wins causal_document).
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
             BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
@@ -113,8 +114,14 @@ LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key colu
 # (3: 577); general masks: 3 at 8K (13 / 15 lose 9-10 % on sliding_window there), and at 32K
 # 11 (s7 run 4, 3 / 11 / 13 / 15: sliding_window 493 / 531 / 495 / 513, cuDNN 583; document 547 /
 # 569 / 567 / 554; causal_document 484 / 527 / 506 / 477; share_question 452 / 527 / 448 / 435).
+# d = 64 from 32K keys on: 17 (12 + 11's walk and mask bits; s7 run 5, 32K, 11 / 12 / 17, cuDNN:
+# full 419 / 449 / 479, 457; causal 410 / 445 / 462, 444; sliding_window 350 / 326 / 363, 364;
+# causal_document 334 / 318 / 353; document 378 / 378 / 411; prefix_lm_causal 411 / 454 / 467;
+# qk_sparse 404 / 435 / 463; share_question 295 / 241 / 290). Below 32K keys 17 is not measured
+# (its group walk is off under 3 groups of 32 key blocks) and 12 / 11 stay.
 DEFAULT_VARIANTS = {
-    64: {"full": (12, 12), "causal": (12, 12), "general": (11, 11)},
+    64: {"full": (12, WG3_MASK_BITS_VARIANT), "causal": (12, WG3_MASK_BITS_VARIANT),
+         "general": (MASK_BITS_GS_VARIANT, WG3_MASK_BITS_VARIANT)},
     128: {"full": (11, 11), "causal": (11, 11), "general": (11, 11)},
     256: {"full": (13, 13), "causal": (15, 15), "general": (DEFAULT_VARIANT, MASK_BITS_GS_VARIANT)},
 }
@@ -447,12 +454,14 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
 # sliding_window 405 -> 414, causal_document 409 -> 421, share_question 363 -> 369; dK/dV bitwise
 # 13; 79 GPU tests passed, memcheck / synccheck 0 errors, racecheck 0 hazards).
 DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
-# Deterministic mode at d = 128: variant 17 (13's body, 15's pipelined writer, launch groups sized
-# on the device; gradients bitwise equal to 5's). H200 s7 runs 2-3, 32K, deterministic, 5 -> 17:
-# full 420 -> 482, causal 438 -> 474, document 334 -> 418, sliding_window 359 -> 374,
-# share_question 291 -> 292, but causal_document 337 -> 315 and prefix_lm_document 347 -> 310
-# (44 GPU tests passed, racecheck 0 hazards). Before: 5 (10 and 13 were not faster there).
-DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DET_AUTO_BWD_VARIANT}
+# Deterministic mode at d = 128: variant 16 as well (H200 s7 runs 5-6, 32K, deterministic 16 / 17 /
+# 5: full 455 / 469 / 420, causal 470 / 471 / 438, document 385 / 415 / 334, sliding_window 387 /
+# 381 / 359, causal_document 389 / 318 / 351, share_question 330 / 292 / 289, prefix_lm_document
+# 382 / 307 / 347 TFLOP/s): 17 (13's body, 15's pipelined writer, device-sized launch groups) is
+# 3-8 % ahead on full and document but 18-25 % behind on the short-document masks, where its
+# group rule picks G = 1 (G = 4 measured 376 on causal_document). 16's worst case against its own
+# default mode is document (0.80); 17's is prefix_lm_document (0.67). Before: 5 (s1-s6).
+DEFAULT_DET_BWD_VARIANTS = dict(DEFAULT_BWD_VARIANTS)
 PERSISTENT_BWD_VARIANT = 6
 
 
@@ -461,7 +470,7 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
     DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256), or
-    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (17 at d = 128). ValueError for a variant
+    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (the same numbers). ValueError for a variant
     that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:

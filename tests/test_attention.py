@@ -266,7 +266,7 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(None, 64) == 11  # 128-row query tiles, mask in registers
     assert _cuda.resolve_bwd_variant(None, 128) == 16  # 13 with 80-row query tiles
     assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
-    assert _cuda.resolve_bwd_variant(None, 128, deterministic=True) == 17  # device-sized groups
+    assert _cuda.resolve_bwd_variant(None, 128, deterministic=True) == 16  # the same kernel
     assert _cuda.resolve_bwd_variant(None, 64, deterministic=True) == 11
     for d in (64, 128, 256):  # a margin needs the persistent variant, at every head dim
         assert _cuda.resolve_bwd_variant(None, d, sm_margin=8) == 6
@@ -276,13 +276,12 @@ def test_cuda_kernel_variant_resolution():
         _cuda.resolve_bwd_variant(7, 128)
     assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17}
     # 17: variant 13 with 15's writer and device-sized launch groups in deterministic mode; d = 128
-    # only (lock-step consumers; 256: own kernel), the deterministic default at d = 128
+    # only (lock-step consumers; 256: own kernel), not a default
     assert _cuda.resolve_bwd_variant(17, 128) == 17 and _cuda.resolve_bwd_variant(17, 256) == 17
     with pytest.raises(ValueError, match="d = 128 only"):
         _cuda.resolve_bwd_variant(17, 64)
-    for d in (64, 256):
-        assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != 17
     for d in (64, 128, 256):
+        assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != 17
         assert _cuda.resolve_bwd_variant(None, d) != 17
     assert _cuda._bwd_block_m(128, 17) == 64 and _cuda.MASK_REGS_BWD_VARIANTS[17] == 13
     assert 17 in _cuda.LOCKSTEP_BWD_VARIANTS
@@ -317,10 +316,12 @@ def test_cuda_kernel_variant_resolution():
             _cuda.resolve_bwd_variant(16, d)
     assert all(_cuda.resolve_bwd_variant(None, d, deterministic=det) != 16
                for d in (64, 256) for det in (False, True))
+    assert _cuda.DEFAULT_DET_BWD_VARIANTS == _cuda.DEFAULT_BWD_VARIANTS
     # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
     assert _cuda.resolve_variant(None) == 11
     assert _cuda.resolve_variant(None, 16384) == 11 and _cuda.resolve_variant(None, 32768) == 11
     assert [_cuda.resolve_variant(None, 8192, 64, s) for s in _cuda.STRUCTURES] == [12, 12, 11]
+    assert [_cuda.resolve_variant(None, 32768, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]
     assert [_cuda.resolve_variant(None, 32768, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 11]
     assert _cuda.resolve_variant(None, 8192, 256) == 3 and _cuda.resolve_variant(None, 8192, 128, "full") == 11
     for d, table in _cuda.DEFAULT_VARIANTS.items():  # every default is compiled for its head dim
@@ -349,7 +350,8 @@ def test_cuda_kernel_variant_resolution():
     assert 16 not in {v for t in _cuda.DEFAULT_VARIANTS.values() for pair in t.values() for v in pair}
     for d in (64, 128, 256):
         assert _cuda.variant_supported(16, jnp.bfloat16, d)
-    # 17 / 18: 12 / 13 with 11's walk and mask bits, d = 64 / 256 only, group metadata, not defaults
+    # 17 / 18: 12 / 13 with 11's walk and mask bits, d = 64 / 256 only, group metadata (17: the
+    # d = 64 default from 32K keys on)
     for var, d in ((17, 64), (18, 256)):
         assert _cuda.resolve_variant(var) == var and var in _cuda.GROUP_META_VARIANTS
         assert [_cuda.variant_supported(var, jnp.bfloat16, dd) for dd in (64, 128, 256)] == [
