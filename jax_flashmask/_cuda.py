@@ -48,16 +48,13 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 #      (~155 instead of ~586 instructions per warp and partial block; any Sk, no staged bounds).
 #      Outputs bit-identical to 3 (benchmarks/NOTES_fwd_mask.md; not yet run on a GPU);
 #  11: variant 7 (two-level walk) with variant 10's bit-word mask; bit-identical to 3 and 7.
-#  16: variant 11 with the consumers' key-block walk taken from the producer: the TMA warp's job
-#      slots (posted with every K load for the mask builders) also carry "last kept block of the
-#      tile", and the Q-ring slot says whether the tile has any kept block, so the consumer
-#      warpgroups load no block metadata (no dependent L2 round trips at a tile's start or where
-#      the walk enters the next group of 32 blocks). Bit-identical to 11
-#      (benchmarks/NOTES_fwd90.md; not yet run on a GPU).
 # Measured and removed: 1 (one consumer warpgroup), 7 (old number: key blocks of 176: run B +0.4 % on
 # full 8K, -2..-22 % elsewhere), 8 (3 of every 16 softmax exp2 on the FMA pipe) and 9 (the PV-GEMM
-# wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md).
-# The persistent variants (3, 5, 6, 7, 10-18) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# wait pinned below the softmax exponentials): on the H200 slower than 3 or no better (NOTES.md);
+# 16 (11 with the consumers' key-block walk taken from the producer's job slots: H200 session 7
+# run 2, 32K: not faster than 11 on any mask beyond noise; 11 / 16: full 628 / 617,
+# sliding_window 543 / 524).
+# The persistent variants (3, 5, 6, 7, 10-15, 17, 18) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # History of the default (today's: DEFAULT_VARIANTS below): 3 from run 6 (run B, H200 2026-11-30:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s;
 # benchmarks/NOTES.md, forward run B); then variant 7 (the group walk) from LONG_KEYS keys on,
@@ -69,11 +66,10 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 GROUP_SCAN_VARIANT = 7
 MASK_BITS_VARIANT = 10  # bit-identical to 3 (tests/gpu: test_mask_bits_bit_identical)
 MASK_BITS_GS_VARIANT = 11  # 7 with 10's mask
-BLOCK_LIST_VARIANT = 16  # 11 with the consumers' block walk from the producer's job slots
 # 11's walk and mask on the single-head-dim kernels: 17 = 12 + both (d = 64), 18 = 13 + both (d = 256)
 WG3_MASK_BITS_VARIANT = 17
 BN80_MASK_BITS_VARIANT = 18
-GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT,
+GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, WG3_MASK_BITS_VARIANT,
                        BN80_MASK_BITS_VARIANT)  # + group metadata
 # Forward variants compiled for one head dim (HEAD_DIM_VARIANTS below):
 #  12: variant 3 with three consumer warpgroups, d = 64 only: 192-row query tiles, key blocks of 128,
@@ -96,10 +92,10 @@ GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, BLOCK_LIST_VARI
 #      of the staged bounds in shared memory). Bit-identical to 13 (s7 run 5). Not a default: at
 #      32K full 616 against 13's 671, sliding_window 505 against 11's 523 (wins causal_document).
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
-            BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
+            WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
 PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
-                       BLOCK_LIST_VARIANT, WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
+                       WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key column of DEFAULT_VARIANTS
 # variant=None: DEFAULT_VARIANTS[head_dim][structure] = (variant below LONG_KEYS keys, from LONG_KEYS
@@ -265,7 +261,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-18; every default) leave
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15, 17, 18; every default) leave
     free, e.g. for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     structure: "full" / "causal" when `bounds` is known to be the unmasked (or causal) mask,
@@ -282,7 +278,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)
     # workspace: block metadata [B, Hm, 8, nblk] + the persistent grid's tile counter; variants 7
-    # , 11 and 16 also the group metadata (as much again, after the counter)
+    # , 11, 17 and 18 also the group metadata (as much again, after the counter)
     ws = B * Hm * 8 * nblk + 32
     if variant in GROUP_META_VARIANTS:
         ws = 2 * ws

@@ -334,7 +334,7 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
-    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 18} <= set(_cuda.VARIANTS)
+    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 17, 18} <= set(_cuda.VARIANTS)
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
@@ -343,13 +343,6 @@ def test_cuda_kernel_variant_resolution():
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
     assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
     assert _cuda.resolve_variant(11) == 11 and 11 in _cuda.GROUP_META_VARIANTS  # 7 + 10's mask
-    # 16: variant 11 with the consumers' block walk from the producer (not a default, not in
-    # TESTED_VARIANTS: test_block_list_bit_identical and JFM_TEST_VARIANTS select it)
-    assert _cuda.resolve_variant(16) == 16 and _cuda.BLOCK_LIST_VARIANT == 16
-    assert 16 in _cuda.GROUP_META_VARIANTS and 16 not in _cuda.TESTED_VARIANTS
-    assert 16 not in {v for t in _cuda.DEFAULT_VARIANTS.values() for pair in t.values() for v in pair}
-    for d in (64, 128, 256):
-        assert _cuda.variant_supported(16, jnp.bfloat16, d)
     # 17 / 18: 12 / 13 with 11's walk and mask bits, d = 64 / 256 only, group metadata (17: the
     # d = 64 default from 32K keys on)
     for var, d in ((17, 64), (18, 256)):
@@ -357,9 +350,9 @@ def test_cuda_kernel_variant_resolution():
         assert [_cuda.variant_supported(var, jnp.bfloat16, dd) for dd in (64, 128, 256)] == [
             dd == d for dd in (64, 128, 256)]
         assert var not in _cuda.TESTED_VARIANTS
-    with pytest.raises(ValueError, match="forward kernel variant 19; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 18,"):
+    with pytest.raises(ValueError, match="forward kernel variant 19; valid: 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15, 17, 18,"):
         _cuda.resolve_variant(19)
-    for removed in (1, 8, 9):
+    for removed in (1, 8, 9, 16):  # 16: 11 with the block walk from the producer's job slots
         with pytest.raises(ValueError, match="valid: 2, 3, 4, 5, 6, 7"):
             _cuda.resolve_variant(removed)
         assert not _cuda.variant_supported(removed, jnp.bfloat16, 64)

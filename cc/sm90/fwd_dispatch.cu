@@ -20,8 +20,8 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
     return cudaErrorInvalidValue;
   }
   const bool bf16 = p.dtype == DType::kBF16;
-  if ((p.variant < 2 || p.variant > 7) && (p.variant < 10 || p.variant > 18)) {
-    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10 to 18)";
+  if ((p.variant < 2 || p.variant > 7) && (p.variant < 10 || p.variant > 18 || p.variant == 16)) {
+    if (err) *err = "flashmask sm90 forward: unknown kernel variant (compiled: 2 to 7, 10 to 15, 17, 18)";
     return cudaErrorInvalidValue;
   }
   if (p.variant == 10) {
@@ -54,24 +54,6 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
       case 256:
         return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, true, true>(p, stream, err)
                     : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, true, true>(p, stream, err);
-      default:
-        if (err) *err = "flashmask sm90 forward: head dim must be 64, 128 or 256";
-        return cudaErrorInvalidValue;
-    }
-  }
-  if (p.variant == 16) {
-    // Variant 11 with the consumers' key-block walk taken from the producer's job slots
-    // (FwdTraitsBlockList; inst/*_gsmbbl.cu). Same outputs as variant 11, bit for bit.
-    switch (p.d) {
-      case 64:
-        return bf16 ? sm90::launch_fwd<bfloat16_t, 64, 128, 2, 2, true, true, true, false, true>(p, stream, err)
-                    : sm90::launch_fwd<half_t, 64, 128, 2, 2, true, true, true, false, true>(p, stream, err);
-      case 128:
-        return bf16 ? sm90::launch_fwd<bfloat16_t, 128, 128, 2, 2, true, true, true, false, true>(p, stream, err)
-                    : sm90::launch_fwd<half_t, 128, 128, 2, 2, true, true, true, false, true>(p, stream, err);
-      case 256:
-        return bf16 ? sm90::launch_fwd<bfloat16_t, 256, 64, 2, 2, true, true, true, false, true>(p, stream, err)
-                    : sm90::launch_fwd<half_t, 256, 64, 2, 2, true, true, true, false, true>(p, stream, err);
       default:
         if (err) *err = "flashmask sm90 forward: head dim must be 64, 128 or 256";
         return cudaErrorInvalidValue;
@@ -166,10 +148,9 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
   //   7: variant 3 with the two-level key-block walk (its own instantiations, see above);
   //  10: variant 3 with the bit-word element mask of partial blocks (its own instantiations);
   //  11: variant 7 with it;
-  //  16: variant 11 with the consumers' block walk from the producer's job slots (own instantiations);
   //  12 (d = 64: three consumer warpgroups), 13 (d = 256: key blocks of 80), 14 (d = 256: paired
   //      query tiles), 15 (13 + 14): variant 3's grid and bounds path, own instantiations (above).
-  // The persistent variants (3, 5, 6, 7, 10 to 16) launch num_SMs - p.sm_margin CTAs.
+  // The persistent variants (3, 5, 6, 7, 10 to 15) launch num_SMs - p.sm_margin CTAs.
   // (Measured and no longer compiled, see benchmarks/NOTES.md: 0 = variant 2 without overlap,
   // 1 = one consumer warpgroup, 7 (old) = variant 3 with key blocks of 176, 8 = variant 3 with part of
   // the softmax exp2 on the FMA pipe, 9 = variant 3 with the PV-GEMM wait pinned below the exps.)

@@ -50,9 +50,6 @@ struct FwdTraits {
   // Variant 14 (FwdTraitsPaired below): the persistent grid hands out pairs of tiles, the second
   // one walked from its last key block down.
   static constexpr bool kPaired = false;
-  // Variant 16 (FwdTraitsBlockList below): the consumers take the kept-block sequence from the
-  // producer's job slots instead of walking the block metadata themselves.
-  static constexpr bool kBlockList = false;
   static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
   static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
@@ -179,62 +176,6 @@ template <class Base>
 struct FwdTraitsPaired : Base {
   static constexpr bool kPaired = true;
   static_assert(!Base::kGroupScan, "paired tiles walk one level of metadata");
-};
-
-// Variant 16 (over variant 11's FwdTraitsMaskBits<FwdTraitsGroupScan<...>>): only the TMA warp walks
-// the block metadata. With each key block it loads it already posts a job {block, partial, b * Hm + hm,
-// ms} in the K stage's slot for the mask builders (variant 10); here it also posts job_last[stage] =
-// "last kept block of the tile", and the tile's slot in the Q ring says whether the tile has any kept
-// block (tile_any, published with tile_id, so the producer walks the tile's first metadata before
-// publishing it). The consumers read (partial, last) from the slots of the stage they are about to
-// consume (JobBlocks) instead of running KeptBlocks: no metadata loads, no dependent L2 round trips
-// on their path at a tile's start (the group ballot and the first group's scan) or where the walk
-// crosses into the next group of 32 blocks. Same block sequence, same arithmetic: outputs
-// bit-identical to variant 11. Derived storage and code under `if constexpr (T::kBlockList)` only
-// (the producer's tile loop and the consumers' block loop have their own copies): the other
-// kernels compile from the statements they had before variant 16 (SASS identical to main's).
-template <class Base>
-struct FwdTraitsBlockList : Base {
-  static constexpr bool kBlockList = true;
-  static_assert(Base::kMaskBits, "the block list rides on the mask builders' job slots");
-  static_assert(Base::Overlap && Base::NWG == 2, "the two-warpgroup ping-pong path only");
-  static_assert(!Base::kPaired, "one tile per claim");
-  struct SharedStorage : Base::SharedStorage {
-    int tile_any[Base::QStages];  // the slot's tile has at least one kept key block
-    int job_last[Base::Stages];   // the stage's block is the tile's last kept block
-  };
-};
-
-// The consumers' view of the producer's kept-block sequence (variant 16): the interface of
-// KeptBlocks (has_next / next), fed by the job slots of the K stages. `js` follows the consumer's
-// K stage: the i-th next() of a tile reads the stage of the tile's i-th block. The job of use u of
-// a stage is posted (job_full, one arrival by the TMA warp) after the block's K load is issued and
-// is overwritten only after K's empty barrier of use u completes, which needs this consumer's
-// release of use u, which comes after this read: the parity wait is unambiguous and the slot is
-// read before it is reused. The flags go through ballots so that ptxas keeps the walk
-// warp-uniform (VOTEU), as with KeptBlocks' ballots.
-template <int Stages>
-struct JobBlocks {
-  cutlass::PipelineState<Stages> js;
-  const int4* job;
-  const int* job_last;
-  uint64_t* job_full;
-  bool more;
-  __device__ __forceinline__ JobBlocks(cutlass::PipelineState<Stages> st, const int4* job_,
-                                       const int* job_last_, uint64_t* job_full_, bool any)
-      : js(st), job(job_), job_last(job_last_), job_full(job_full_), more(any) {}
-  __device__ __forceinline__ bool has_next() const { return more; }
-  __device__ __forceinline__ int next(bool& partial) {
-    cutlass::arch::ClusterBarrier::wait(&job_full[js.index()], js.phase());
-    asm volatile("" ::: "memory");  // no smem read above the wait
-    const int n = job[js.index()].x;
-    const int p = job[js.index()].y;
-    const int l = job_last[js.index()];
-    partial = __ballot_sync(0xffffffffu, p != 0) != 0u;
-    more = __ballot_sync(0xffffffffu, l == 0) != 0u;
-    ++js;
-    return n;
-  }
 };
 
 struct KArgs {
@@ -577,133 +518,73 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       auto wr = cutlass::make_producer_start_state<Pipeline>();
       // variant 14: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
       int t = T::kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
-      if constexpr (T::kBlockList) {
-        // variant 16: the tile's walk starts before its slot is published (tile_any); the walker
-        // also knows, when a block is issued, whether it is the tile's last (job_last). Otherwise
-        // the loop of the other kernels below (no pairs, no staged bounds: kMaskBits).
-        for (int it = 0;; ++it) {
-          const int slot = it % QS;
-          const bool done = t >= total_tiles;
-          int m_blk = 0, h = 0, b = 0;
-          if (!done) decode(t, m_blk, h, b);
-          const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
-          const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
-          KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks;
-          if (!done) {
-            blocks = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
-                a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
-                a.group_meta, false);
-          }
+      for (int it = 0;; ++it) {
+        const int slot = it % QS;
+        const bool done = t >= total_tiles;
+        if (lane == 0) {
+          // the slot's Q and tile id are free once the consumers finished tile it - QS
+          if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
+          ss.tile_id[slot] = done ? -1 : t;
+          EmptyBarrier::arrive(&ss.sched[slot]);
+        }
+        if (done) break;
+        int t_next = total_tiles;
+        if constexpr (T::kPaired) {
           if (lane == 0) {
-            // the slot's Q and tile id are free once the consumers finished tile it - QS
-            if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
-            ss.tile_id[slot] = done ? -1 : t;
-            ss.tile_any[slot] = (!done && blocks.has_next()) ? 1 : 0;
-            EmptyBarrier::arrive(&ss.sched[slot]);
+            if ((t & 1) == 0) t_next = t + 1;  // the pair's second tile
+            else if (a.tile_counter != nullptr) t_next = 2 * ((int)gridDim.x + atomicAdd(a.tile_counter, 1));
           }
-          if (done) break;
-          int t_next = total_tiles;
+        } else {
           if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
-          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
-          Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-          Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-          auto [tQgQ, tQsQ] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                            group_modes<0, 2>(gQ));
-          auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                            group_modes<0, 2>(gK));
-          auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                            group_modes<0, 2>(gV));
+        }
+        int m_blk, h, b;
+        decode(t, m_blk, h, b);
+        const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
+        const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
+        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
+        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
+        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
+        auto [tQgQ, tQsQ] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                          group_modes<0, 2>(gQ));
+        auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                          group_modes<0, 2>(gK));
+        auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                          group_modes<0, 2>(gV));
+        if (lane == 0) {
+          Barrier::arrive_and_expect_tx(&ss.q_full[slot], Bm * D * sizeof(Elem));
+          copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
+        }
+        const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
+            a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
+            reversed(t));
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial, a.group_meta);
           if (lane == 0) {
-            Barrier::arrive_and_expect_tx(&ss.q_full[slot], Bm * D * sizeof(Elem));
-            copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
-          }
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial, a.group_meta);
-            if (lane == 0) {
-              pipe_k.producer_acquire(wr);
-              copy(tma_k.with(*pipe_k.producer_get_barrier(wr)), tKgK(_, n), tKsK(_, wr.index()));
-              // the block's job for the mask builders and the consumers
+            pipe_k.producer_acquire(wr);
+            auto* bar = pipe_k.producer_get_barrier(wr);
+            if (partial && a.smem_bounds) {
+              // the four bound vectors of a partial block ride on K's barrier (expect first, so
+              // the phase cannot complete before every copy is counted)
+              const uint32_t bytes = 4u * (uint32_t)min(Bn, a.Sk - n * Bn);
+              Barrier::expect_transaction(bar, 4 * bytes);
+              CUTE_UNROLL
+              for (int vv = 0; vv < 4; ++vv)
+                bulk_g2s(&ss.bnd[wr.index()][vv][0], bnd + (int64_t)vv * a.Sk + n * Bn, bytes, bar);
+            }
+            copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
+            if constexpr (T::kMaskBits) {  // the block's job for the mask builders
               ss.job[wr.index()] = make_int4(n, partial ? 1 : 0, b * a.Hm + hm, ms);
-              ss.job_last[wr.index()] = blocks.has_next() ? 0 : 1;
               asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
               EmptyBarrier::arrive(&ss.job_full[wr.index()]);
-              pipe_v.producer_acquire(wr);
-              copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
             }
-            ++wr;
+            pipe_v.producer_acquire(wr);
+            copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
           }
-          t = __shfl_sync(0xffffffffu, t_next, 0);
+          ++wr;
         }
-      } else {
-        for (int it = 0;; ++it) {
-          const int slot = it % QS;
-          const bool done = t >= total_tiles;
-          if (lane == 0) {
-            // the slot's Q and tile id are free once the consumers finished tile it - QS
-            if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
-            ss.tile_id[slot] = done ? -1 : t;
-            EmptyBarrier::arrive(&ss.sched[slot]);
-          }
-          if (done) break;
-          int t_next = total_tiles;
-          if constexpr (T::kPaired) {
-            if (lane == 0) {
-              if ((t & 1) == 0) t_next = t + 1;  // the pair's second tile
-              else if (a.tile_counter != nullptr) t_next = 2 * ((int)gridDim.x + atomicAdd(a.tile_counter, 1));
-            }
-          } else {
-            if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
-          }
-          int m_blk, h, b;
-          decode(t, m_blk, h, b);
-          const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
-          const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
-          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
-          Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-          Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-          auto [tQgQ, tQsQ] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                            group_modes<0, 2>(gQ));
-          auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                            group_modes<0, 2>(gK));
-          auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                            group_modes<0, 2>(gV));
-          if (lane == 0) {
-            Barrier::arrive_and_expect_tx(&ss.q_full[slot], Bm * D * sizeof(Elem));
-            copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
-          }
-          const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-          KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
-              a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
-              reversed(t));
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial, a.group_meta);
-            if (lane == 0) {
-              pipe_k.producer_acquire(wr);
-              auto* bar = pipe_k.producer_get_barrier(wr);
-              if (partial && a.smem_bounds) {
-                // the four bound vectors of a partial block ride on K's barrier (expect first, so
-                // the phase cannot complete before every copy is counted)
-                const uint32_t bytes = 4u * (uint32_t)min(Bn, a.Sk - n * Bn);
-                Barrier::expect_transaction(bar, 4 * bytes);
-                CUTE_UNROLL
-                for (int vv = 0; vv < 4; ++vv)
-                  bulk_g2s(&ss.bnd[wr.index()][vv][0], bnd + (int64_t)vv * a.Sk + n * Bn, bytes, bar);
-              }
-              copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
-              if constexpr (T::kMaskBits) {  // the block's job for the mask builders
-                ss.job[wr.index()] = make_int4(n, partial ? 1 : 0, b * a.Hm + hm, ms);
-                asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
-                EmptyBarrier::arrive(&ss.job_full[wr.index()]);
-              }
-              pipe_v.producer_acquire(wr);
-              copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
-            }
-            ++wr;
-          }
-          t = __shfl_sync(0xffffffffu, t_next, 0);
-        }
+        t = __shfl_sync(0xffffffffu, t_next, 0);
       }
       if constexpr (T::kMaskBits) {
         // no more blocks: the builders' last job (in the next stage, once they and the consumers
@@ -794,7 +675,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // reads tile it+1's id, scans its key blocks and issues its first QK^T GEMM (into tSrS) before
     // waiting for tile it's last PV GEMM, then waits for both and runs tile it's epilogue. State
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
-    const bool tovl = T::Overlap && !T::kBlockList && a.tile_overlap != 0;
+    const bool tovl = T::Overlap && a.tile_overlap != 0;
     int t_nxt = -1;
     KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
@@ -986,222 +867,158 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
 
-      if constexpr (T::kBlockList) {
-        // variant 16: the producer's block sequence from the job slots (JobBlocks; rd is the stage
-        // of the tile's first block); the ping-pong loop of the other kernels below, without
-        // variant 6's tile boundary (tovl is false here) and with JobBlocks::next.
-        const int any = *reinterpret_cast<volatile int*>(&ss.tile_any[slot]);
-        JobBlocks<T::Stages> blocks(rd, &ss.job[0], &ss.job_last[0], &ss.job_full[0],
-                                    __ballot_sync(0xffffffffu, any != 0) != 0u);
-        Barrier::wait(&ss.q_full[slot], qphase);
-        const bool had_blocks = blocks.has_next();
-        if (had_blocks) {
-          {
-            bool partial;
-            const int n = blocks.next(partial);
+      KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
+          pre ? blocks_nxt
+              : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                    a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
+                    a.group_meta, reversed(t));
+      if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
+      const bool had_blocks = pend || blocks.has_next();
+      if constexpr (!T::Overlap) {
+        // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial, a.group_meta);
+          pipe_k.consumer_wait(rd);
+          wait_bits(partial, rd);
+          wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
+          mask_and_release_k(partial, n, rd);
+          float corr[2];
+          softmax(corr);
+          rescale_o(corr);
+          convert_p();
+          pipe_v.consumer_wait(rd);
+          wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+          pipe_v.consumer_release(rd);
+          ++rd;
+        }
+      } else if (had_blocks) {
+        // FA3-style: the softmax of block t overlaps the QK^T GEMM of block t+1 and the PV GEMM of
+        // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
+        // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
+        constexpr bool kPingPong = NWG == 2;
+        // NWG = 3 (variant 12): the same idea as a round robin. Warpgroup w issues its GEMMs after
+        // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
+        // the tensor pipe takes warpgroup 0, 1, 2, 0, ... and each softmax runs under the two other
+        // warpgroups' GEMMs. Every barrier has one syncing and one arriving warpgroup (256 threads);
+        // warpgroup 2 opens the round (like warpgroup 1 above) and skips its arrival after the
+        // tile's last block, so the counts balance within each tile.
+        constexpr bool kRoundRobin = NWG == 3;
+        {
+          bool partial;
+          int n;
+          if (pend) {  // issued and completed at the previous tile boundary
+            n = pend_n;
+            partial = pend_partial;
+            pend = false;
+          } else {
+            n = blocks.next(partial, a.group_meta);
             pipe_k.consumer_wait(rd);
             wait_bits(partial, rd);
             wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-            if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
-            mask_and_release_k(partial, n, rd);
-            float corr[2];
-            softmax(corr);
-            convert_p();
           }
+          if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
+          mask_and_release_k(partial, n, rd);
+          float corr[2];
+          softmax(corr);
+          convert_p();
+        }
+        if constexpr (kPingPong) {
           if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial);
-            const bool last = !blocks.has_next();
-            auto rd_prev = rd;
-            ++rd;
-            pipe_k.consumer_wait(rd);
+        }
+        if constexpr (kRoundRobin) {
+          if (cwg == 2 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+        }
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial, a.group_meta);
+          const bool last = !blocks.has_next();
+          auto rd_prev = rd;
+          ++rd;
+          pipe_k.consumer_wait(rd);
+          if constexpr (kPingPong) {
             if (cwg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
             else asm volatile("bar.sync 2, 256;\n" ::: "memory");
-            wgmma_gemm<true, -1, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-            pipe_v.consumer_wait(rd_prev);
-            wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
+          }
+          if constexpr (kRoundRobin) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cwg) : "memory");
+          wgmma_gemm<true, -1, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
+          pipe_v.consumer_wait(rd_prev);
+          wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
+          if constexpr (kPingPong) {
             if (cwg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
             else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-            wait_bits(partial, rd);
-            warpgroup_wait<1>();
-            warpgroup_fence_operand(tSrS);
-            if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile: Q is free
-            mask_and_release_k(partial, n, rd);
-            float corr[2];
-            softmax(corr);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrO);
-            warpgroup_fence_operand(tOrP);
-            pipe_v.consumer_release(rd_prev);
-            rescale_o(corr);
-            convert_p();
           }
-          pipe_v.consumer_wait(rd);
-          wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+          if constexpr (kRoundRobin) {
+            if (cwg < 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cwg) : "memory");
+            else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+          }
+          wait_bits(partial, rd);
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tSrS);
+          if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
+          mask_and_release_k(partial, n, rd);
+          float corr[2];
+          softmax(corr);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(tOrP);
+          pipe_v.consumer_release(rd_prev);
+          rescale_o(corr);
+          convert_p();
         }
-        if (!had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);  // no QK^T in this tile
-        warpgroup_wait<0>();  // the tile's last PV GEMM
+        pipe_v.consumer_wait(rd);
+        // last PV GEMM of the tile: waited for (and its V stage released) below, after the tile
+        // boundary work of variant 6
+        wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
+      }
+      // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
+      // right after its last QK^T; here: the other paths and tiles without any kept block).
+      if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);
+
+      if constexpr (T::Overlap) {
+        if (tovl) {
+          // Tile boundary: next tile's id and block scan (its metadata loads run under the PV GEMM
+          // in flight), then its first QK^T issued right behind the PV GEMM, one wait for both.
+          const int nit = it + 1, nslot = nit % QS;
+          const uint32_t nphase = (nit / QS) & 1;
+          EmptyBarrier::wait(&ss.sched[nslot], nphase);
+          t_nxt = *reinterpret_cast<volatile int*>(&ss.tile_id[nslot]);
+          auto rdn = rd;
+          if (had_blocks) ++rdn;  // stage of the next tile's first block
+          bool go = false;
+          if (t_nxt >= 0) {
+            int m2, h2, b2;
+            decode(t_nxt, m2, h2, b2);
+            const int hm2 = h2 / a.heads_per_mask;
+            const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
+            blocks_nxt = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
+                a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
+                a.group_meta, reversed(t_nxt));
+            go = blocks_nxt.has_next();
+          }
+          if (go) {
+            pend_n = blocks_nxt.next(pend_partial, a.group_meta);
+            Barrier::wait(&ss.q_full[nslot], nphase);
+            pipe_k.consumer_wait(rdn);
+            wait_bits(pend_partial, rdn);
+            wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
+                                        tSrS);
+            pend = true;
+            // One wait for this tile's last PV GEMM and the next tile's first QK^T. (wait<1> here,
+            // i.e. the epilogue under the QK^T, made ptxas serialize every wgmma of the kernel:
+            // C7515, accumulator registers defined inside a wgmma pipeline stage; see NOTES.)
+            warpgroup_wait<0>();
+          } else {
+            warpgroup_wait<0>();
+          }
+        } else {
+          warpgroup_wait<0>();  // the tile's last PV GEMM
+        }
         warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(tOrP);
         if (had_blocks) {
           pipe_v.consumer_release(rd);
           ++rd;
-        }
-      } else {
-        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
-            pre ? blocks_nxt
-                : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
-                      a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
-                      a.group_meta, reversed(t));
-        if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
-        const bool had_blocks = pend || blocks.has_next();
-        if constexpr (!T::Overlap) {
-          // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial, a.group_meta);
-            pipe_k.consumer_wait(rd);
-            wait_bits(partial, rd);
-            wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-            mask_and_release_k(partial, n, rd);
-            float corr[2];
-            softmax(corr);
-            rescale_o(corr);
-            convert_p();
-            pipe_v.consumer_wait(rd);
-            wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
-            pipe_v.consumer_release(rd);
-            ++rd;
-          }
-        } else if (had_blocks) {
-          // FA3-style: the softmax of block t overlaps the QK^T GEMM of block t+1 and the PV GEMM of
-          // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
-          // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
-          constexpr bool kPingPong = NWG == 2;
-          // NWG = 3 (variant 12): the same idea as a round robin. Warpgroup w issues its GEMMs after
-          // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
-          // the tensor pipe takes warpgroup 0, 1, 2, 0, ... and each softmax runs under the two other
-          // warpgroups' GEMMs. Every barrier has one syncing and one arriving warpgroup (256 threads);
-          // warpgroup 2 opens the round (like warpgroup 1 above) and skips its arrival after the
-          // tile's last block, so the counts balance within each tile.
-          constexpr bool kRoundRobin = NWG == 3;
-          {
-            bool partial;
-            int n;
-            if (pend) {  // issued and completed at the previous tile boundary
-              n = pend_n;
-              partial = pend_partial;
-              pend = false;
-            } else {
-              n = blocks.next(partial, a.group_meta);
-              pipe_k.consumer_wait(rd);
-              wait_bits(partial, rd);
-              wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-            }
-            if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
-            mask_and_release_k(partial, n, rd);
-            float corr[2];
-            softmax(corr);
-            convert_p();
-          }
-          if constexpr (kPingPong) {
-            if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-          }
-          if constexpr (kRoundRobin) {
-            if (cwg == 2 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-          }
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial, a.group_meta);
-            const bool last = !blocks.has_next();
-            auto rd_prev = rd;
-            ++rd;
-            pipe_k.consumer_wait(rd);
-            if constexpr (kPingPong) {
-              if (cwg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-              else asm volatile("bar.sync 2, 256;\n" ::: "memory");
-            }
-            if constexpr (kRoundRobin) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cwg) : "memory");
-            wgmma_gemm<true, -1, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-            pipe_v.consumer_wait(rd_prev);
-            wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd_prev.index()), tOrO);
-            if constexpr (kPingPong) {
-              if (cwg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-              else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-            }
-            if constexpr (kRoundRobin) {
-              if (cwg < 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cwg) : "memory");
-              else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-            }
-            wait_bits(partial, rd);
-            warpgroup_wait<1>();
-            warpgroup_fence_operand(tSrS);
-            if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
-            mask_and_release_k(partial, n, rd);
-            float corr[2];
-            softmax(corr);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrO);
-            warpgroup_fence_operand(tOrP);
-            pipe_v.consumer_release(rd_prev);
-            rescale_o(corr);
-            convert_p();
-          }
-          pipe_v.consumer_wait(rd);
-          // last PV GEMM of the tile: waited for (and its V stage released) below, after the tile
-          // boundary work of variant 6
-          wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
-        }
-        // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
-        // right after its last QK^T; here: the other paths and tiles without any kept block).
-        if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);
-
-        if constexpr (T::Overlap) {
-          if (tovl) {
-            // Tile boundary: next tile's id and block scan (its metadata loads run under the PV GEMM
-            // in flight), then its first QK^T issued right behind the PV GEMM, one wait for both.
-            const int nit = it + 1, nslot = nit % QS;
-            const uint32_t nphase = (nit / QS) & 1;
-            EmptyBarrier::wait(&ss.sched[nslot], nphase);
-            t_nxt = *reinterpret_cast<volatile int*>(&ss.tile_id[nslot]);
-            auto rdn = rd;
-            if (had_blocks) ++rdn;  // stage of the next tile's first block
-            bool go = false;
-            if (t_nxt >= 0) {
-              int m2, h2, b2;
-              decode(t_nxt, m2, h2, b2);
-              const int hm2 = h2 / a.heads_per_mask;
-              const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
-              blocks_nxt = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
-                  a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
-                  a.group_meta, reversed(t_nxt));
-              go = blocks_nxt.has_next();
-            }
-            if (go) {
-              pend_n = blocks_nxt.next(pend_partial, a.group_meta);
-              Barrier::wait(&ss.q_full[nslot], nphase);
-              pipe_k.consumer_wait(rdn);
-              wait_bits(pend_partial, rdn);
-              wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
-                                          tSrS);
-              pend = true;
-              // One wait for this tile's last PV GEMM and the next tile's first QK^T. (wait<1> here,
-              // i.e. the epilogue under the QK^T, made ptxas serialize every wgmma of the kernel:
-              // C7515, accumulator registers defined inside a wgmma pipeline stage; see NOTES.)
-              warpgroup_wait<0>();
-            } else {
-              warpgroup_wait<0>();
-            }
-          } else {
-            warpgroup_wait<0>();  // the tile's last PV GEMM
-          }
-          warpgroup_fence_operand(tOrO);
-          warpgroup_fence_operand(tOrP);
-          if (had_blocks) {
-            pipe_v.consumer_release(rd);
-            ++rd;
-          }
         }
       }
 
@@ -1243,15 +1060,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // them from global memory, any Sk).
 // Paired: variant 14's kernel (FwdTraitsPaired; launched like 3 with pairs of tiles per claim).
 template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits,
-          bool Paired, bool BlockList>
+          bool Paired>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
   static_assert(!(Paired && (GroupScan || MaskBits)), "paired tiles: variant 3's walk and mask only");
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
   using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>,
                                 std::conditional_t<Paired, FwdTraitsPaired<Base>, Base>>;
-  using TM = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
-  static_assert(!BlockList || (GroupScan && MaskBits), "variant 16 = variant 11 + the block list");
-  using T = std::conditional_t<BlockList, FwdTraitsBlockList<TM>, TM>;
+  using T = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
@@ -1266,13 +1081,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // global memory by the consumers (2, 5).
   // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
-  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it; 16 = 11 with
-  // the consumers' block walk taken from the producer's job slots (BlockList).
+  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
   // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
   // 14 and 15 (Paired) too, with two tiles per claim.
   const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
                           p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
-                          p.variant == 13 || p.variant == 16;
+                          p.variant == 13;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
