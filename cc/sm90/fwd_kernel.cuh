@@ -1083,7 +1083,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
   // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
   // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
-  // 14 and 15 (Paired) too, with two tiles per claim.
+  // 14 and 15 (Paired) too, with two tiles per claim. 17 and 18 (12 / 13 with GroupScan and
+  // MaskBits) run one CTA per tile: measured so in session 7, the persistent grid not yet tried.
   const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
                           p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
                           p.variant == 13;

@@ -21,7 +21,7 @@ struct FwdParams {
   float scale;          // softmax scale applied to q.k
   DType dtype;
   int variant;          // kernel variant: 2 to 7, 10, 11, 12 (d = 64), 13-15 (d = 256), 17 (d = 64), 18 (d = 256) (fwd_dispatch.cu, _cuda.py)
-  // Persistent variants (3, 5, 6, 7, 10-15, 17, 18): SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g.
+  // Persistent variants (3, 5, 6, 7, 10-15): SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g.
   // for NCCL's kernels under context parallelism. Ignored by the one-CTA-per-tile variants.
   int sm_margin;
 };
