@@ -338,3 +338,22 @@ def test_dev_table(tmp_path):
     assert lines[2] == "| S | d | mask | a | b |"
     assert lines[4] == "| 8 | 64 | full | 1 / 3 | 2 |"
     assert lines[5] == "| 8 | 64 | causal | 5 | – |"
+
+
+def test_bwd_breakdown_model():
+    """benchmarks/bwd_breakdown.py (NOTES_bwd_short.md) on the CPU: the bytes of the backward's
+    per-call passes, and the session-7 fit (K0 + per-tile) reproducing the protocol's backward
+    times; the device part is not run here."""
+    spec = importlib.util.spec_from_file_location("bwd_breakdown", ROOT / "benchmarks" / "bwd_breakdown.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pieces = {p["name"].split(":")[0].split(" ")[0]: p for p in mod.piece_bytes(8192)}
+    # fp32 dQ accumulator [B, N, sq_pad, d], sq_pad = 8240 at 80-row tiles
+    assert pieces["cudaMemsetAsync"]["write"] == 16 * 32 * 8240 * 128 * 4
+    assert pieces["bwd_convert80"]["read"] == pieces["cudaMemsetAsync"]["write"]
+    assert pieces["bwd_convert80"]["write"] == 131072 * 32 * 128 * 2
+    assert 1.8 < mod.passes_ms(8192) < 2.0 and 1.8 < mod.passes_ms(32768) < 2.0
+    r = mod.fit_protocol()
+    assert abs(r["K0"] - mod.FIT["K0"]) < 5 and abs(r["t_tile"] - mod.FIT["t_tile"]) < 1e-3 and r["rms"] < 0.01
+    m = mod.model(8192, "sliding_window")
+    assert abs(m["total"] - 12.18) / 12.18 < 0.02 and abs(m["ctas_per_sm"] - 32768 / 132) < 1e-9
