@@ -24,9 +24,7 @@ Usage: python benchmarks/bwd_breakdown.py [--seqs 8192 32768] [--masks sliding_w
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -157,19 +155,11 @@ def print_model(seqs, masks, bw=BW):
 # ----------------------------------------------------------------------------------- device
 
 
-def _median_ms(fn, args, iters: int, inner: int = 3) -> float:
-    import jax
+def _median_ms(fn, args, iters: int) -> float:
+    """Median ms of `fn(*args)` by the protocol's timing rule (bench_attention.time_jax)."""
+    from bench_attention import time_jax
 
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        outs = [fn(*args) for _ in range(inner)]
-        jax.block_until_ready(outs)
-        samples.append((time.perf_counter() - t0) / inner)
-        del outs
-    return statistics.median(samples) * 1e3
+    return time_jax(fn, args, iters=iters, min_iters=min(3, iters), budget_s=3.0, out_bytes=1 << 30)
 
 
 def _problem(S: int, mask: str, variant):
