@@ -1228,6 +1228,24 @@ def _det_order_case(case, seed):
     return rng, (B, Sq, Sk, N, K), bs
 
 
+def _check_det_order(variant, d, case, seed, runs, label):
+    """The launch-order case `case` (_det_order_case) at head dim d: deterministic gradients of
+    `variant` bitwise variant 5's (dK / dV in the default mode too), and `runs` deterministic runs
+    bitwise equal to each other."""
+    rng, (B, Sq, Sk, N, K), bs = _det_order_case(case, seed)
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=variant))
+    for i, b in enumerate(bs):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+        args = (q, k, v, bj, out, lse, do, dlse)
+        _assert_bitwise_like_v5(args, dict(variant=variant), f"{label} case={case} mask {i}")
+        first = det(*args)
+        for r in range(1, runs):
+            _assert_same_bits(first, det(*args), f"{label} case={case} mask {i} (run {r + 1})")
+
+
 @pytest.mark.parametrize("variant", DETGS)
 @pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("case", ["suite", "doc_many_pairs", "random_gqa_ragged", "one_pair",
@@ -1242,20 +1260,9 @@ def test_det_groups_bitwise_equals_variant5(case, d, variant):
     ragged Sq / Sk and a mask head per query head; a single pair (G clamped to 1); key blocks that
     keep no tile; 36 key blocks (two ordering-bit words per tile). Deterministic runs repeated:
     bitwise the same."""
-    DETG = variant
     _need_detg(variant)
     _need(jnp.bfloat16, d)
-    rng, (B, Sq, Sk, N, K), bs = _det_order_case(case, 41)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DETG))
-    for i, b in enumerate(bs):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        args = (q, k, v, bj, out, lse, do, dlse)
-        _assert_bitwise_like_v5(args, dict(variant=DETG), f"case={case} mask {i} d={d}")
-        r1, r2 = det(*args), det(*args)
-        _assert_same_bits(r1, r2, f"variant {DETG} case={case} mask {i} d={d}")
+    _check_det_order(variant, d, case, 41, runs=2, label=f"variant {variant} d={d}")
 
 
 @pytest.mark.parametrize("variant", DETGS)
@@ -1352,19 +1359,7 @@ def test_det_auto_bitwise_equals_variant5(case):
     documents with 9 pairs and 40 key blocks; GQA 8 / 2 with ragged Sq / Sk and a mask head per
     query head; one pair; key blocks that keep no tile; 36 key blocks (two bit words per tile)."""
     _need_det_auto()
-    d = 128
-    rng, (B, Sq, Sk, N, K), bs = _det_order_case(case, 47)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DET_AUTO))
-    for i, b in enumerate(bs):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        args = (q, k, v, bj, out, lse, do, dlse)
-        _assert_bitwise_like_v5(args, dict(variant=DET_AUTO), f"v17 case={case} mask {i}")
-        r1, r2, r3 = det(*args), det(*args), det(*args)
-        _assert_same_bits(r1, r2, f"variant 17 case={case} mask {i}")
-        _assert_same_bits(r1, r3, f"variant 17 case={case} mask {i} (third run)")
+    _check_det_order(DET_AUTO, 128, case, 47, runs=3, label=f"variant {DET_AUTO}")
 
 
 @pytest.mark.parametrize("case", ["full", "causal", "document", "causal_document", "sliding_window",
