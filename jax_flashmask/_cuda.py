@@ -461,8 +461,8 @@ DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
 # 382 / 307 / 347 TFLOP/s): 17 (13's body, 15's pipelined writer, device-sized launch groups) is
 # 3-8 % ahead on full and document but 18-25 % behind on the short-document masks, where its
 # group rule picks G = 1 (G = 4 measured 376 on causal_document). 16's worst case against its own
-# default mode is document (0.80); 17's is prefix_lm_document (0.67). Before: 5 (s1-s6).
-DEFAULT_DET_BWD_VARIANTS = dict(DEFAULT_BWD_VARIANTS)
+# default mode is document (0.80); 17's is prefix_lm_document (0.67). Before: 5 (s1-s6). So the
+# default no longer depends on `deterministic` (resolve_bwd_variant keeps the argument).
 PERSISTENT_BWD_VARIANT = 6
 
 
@@ -470,15 +470,14 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
                         deterministic: bool = False) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256), or
-    DEFAULT_DET_BWD_VARIANTS[head_dim] when `deterministic` (the same numbers). ValueError for a variant
-    that is not compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256) in both modes
+    (`deterministic` does not change the default today). ValueError for a variant that is not
+    compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
         if int(sm_margin) > 0:
             return PERSISTENT_BWD_VARIANT
-        defaults = DEFAULT_DET_BWD_VARIANTS if deterministic else DEFAULT_BWD_VARIANTS
-        return defaults.get(head_dim, DEFAULT_BWD_VARIANT)
+        return DEFAULT_BWD_VARIANTS.get(head_dim, DEFAULT_BWD_VARIANT)
     variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; valid: "

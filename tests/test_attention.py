@@ -316,7 +316,8 @@ def test_cuda_kernel_variant_resolution():
             _cuda.resolve_bwd_variant(16, d)
     assert all(_cuda.resolve_bwd_variant(None, d, deterministic=det) != 16
                for d in (64, 256) for det in (False, True))
-    assert _cuda.DEFAULT_DET_BWD_VARIANTS == _cuda.DEFAULT_BWD_VARIANTS
+    assert all(_cuda.resolve_bwd_variant(None, d, deterministic=True) == _cuda.resolve_bwd_variant(None, d)
+               for d in (64, 128, 256))
     # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
     assert _cuda.resolve_variant(None) == 11
     assert _cuda.resolve_variant(None, 16384) == 11 and _cuda.resolve_variant(None, 32768) == 11
