@@ -835,6 +835,24 @@ def _lockstep_case(rng, case):
     return B, Sq, Sk, N, K, [b]
 
 
+def _per_mask_args(rng, dims, bs, d=128):
+    """(q, k, v, dO) at dims = (B, Sq, Sk, N, K) and head dim d (bf16), and an iterator over the
+    masks of bs giving the backward arguments (q, k, v, bounds, out, lse, dO, dLSE), out / lse
+    from the forward at scale 0.1, dLSE random: the set-up of the tests that compare variants
+    mask by mask."""
+    B, Sq, Sk, N, K = dims
+    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+
+    def per_mask():
+        for b in bs:
+            bj = jnp.asarray(b)
+            out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+            yield (q, k, v, bj, out, lse, do, dlse)
+
+    return (q, k, v, do), per_mask()
+
+
 @pytest.mark.parametrize("variant", [12, 13])
 @pytest.mark.parametrize("case", ["suite", "random_gqa", "causal_ragged", "jumps", "one_tile",
                                   "long_walk", "empty_items"])
@@ -850,13 +868,9 @@ def test_lockstep_bitwise_equals_variant5(case, variant):
     _need(jnp.bfloat16, 128)
     rng = np.random.default_rng(31)
     B, Sq, Sk, N, K, bs = _lockstep_case(rng, case)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    for i, b in enumerate(bs):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        _assert_bitwise_like_v5((q, k, v, bj, out, lse, do, dlse), dict(variant=variant),
-                                f"case={case} mask {i} variant={variant}")
+    (q, k, v, do), per_mask = _per_mask_args(rng, (B, Sq, Sk, N, K), bs)
+    for i, args in enumerate(per_mask):
+        _assert_bitwise_like_v5(args, dict(variant=variant), f"case={case} mask {i} variant={variant}")
     for mode in (1, 0):
         _check(q, k, v, do, bs[-1], seed=f"lockstep {case}", rng=rng, dq_mode=mode, variant=variant)
 
@@ -954,12 +968,8 @@ def test_rows80_against_reference_and_variant13(case):
     _need(jnp.bfloat16, 128)
     rng = np.random.default_rng(41)
     B, Sq, Sk, N, K, bs = _rows80_case(rng, case)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, 128, jnp.bfloat16)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
-    for i, b in enumerate(bs):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        args = (q, k, v, bj, out, lse, do, dlse)
+    (q, k, v, do), per_mask = _per_mask_args(rng, (B, Sq, Sk, N, K), bs)
+    for i, args in enumerate(per_mask):
         r13 = _bwd(*args, scale=0.1, variant=13)
         r16 = _bwd(*args, scale=0.1, variant=16)
         for name, x, y in zip(("dq", "dk", "dv"), r16, r13):
@@ -1232,14 +1242,10 @@ def _check_det_order(variant, d, case, seed, runs, label):
     """The launch-order case `case` (_det_order_case) at head dim d: deterministic gradients of
     `variant` bitwise variant 5's (dK / dV in the default mode too), and `runs` deterministic runs
     bitwise equal to each other."""
-    rng, (B, Sq, Sk, N, K), bs = _det_order_case(case, seed)
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    dlse = jnp.asarray(rng.standard_normal((B, Sq, N), np.float32))
+    rng, dims, bs = _det_order_case(case, seed)
+    _, per_mask = _per_mask_args(rng, dims, bs, d)
     det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=variant))
-    for i, b in enumerate(bs):
-        bj = jnp.asarray(b)
-        out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-        args = (q, k, v, bj, out, lse, do, dlse)
+    for i, args in enumerate(per_mask):
         _assert_bitwise_like_v5(args, dict(variant=variant), f"{label} case={case} mask {i}")
         first = det(*args)
         for r in range(1, runs):
@@ -1270,41 +1276,54 @@ def test_det_groups_bitwise_equals_variant5(case, d, variant):
 def test_det_groups_reference(case, variant):
     """Variants 14 / 15 deterministic against the float64 reference (the tolerances of _check), and
     bitwise repeatable with other work in between."""
-    DETG = variant
     _need_detg(variant)
-    d = 128
-    _need(jnp.bfloat16, d)
+    _need(jnp.bfloat16, 128)
+    _check_det_reference(variant, case)
+
+
+def _check_det_reference(variant, case, d=128):
+    """Deterministic `variant` against the float64 reference and bitwise repeatable
+    (_check_twice_bitwise) on `case`: a benchmark mask, "random_gqa" (GQA 8 / 2, a mask head per
+    two query heads) or "small_docs_ragged" (Sq = Sk = 1999, documents of 60-200 tokens)."""
     seed = _seed()
     rng = np.random.default_rng(seed)
     B, Sq, Sk, N, K = 2, 1200, 1200, 4, 2
     if case == "random_gqa":
         N, K = 8, 2
         b = random_bounds(rng, B, 2, Sq, Sk)
+    elif case == "small_docs_ragged":
+        Sq = Sk = 1999
+        b = _small_documents(B, Sq, rng, 60, 200)
     else:
         b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
     q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=d ** -0.5, variant=DETG,
-                         msg=f"seed={seed} case={case} variant {DETG}")
+    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=d ** -0.5, variant=variant,
+                         msg=f"seed={seed} case={case} variant {variant}")
+
+
+def _assert_det_runs_like_v5(q, k, v, bj, do, variant, label, runs=3):
+    """`runs` deterministic backward runs of `variant` (no dLSE) bitwise equal to each other and
+    to variant 5's."""
+    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
+                static_argnames="variant")
+    rs = [f(q, k, v, bj, out, lse, do, variant=variant) for _ in range(runs)]
+    r5 = f(q, k, v, bj, out, lse, do, variant=5)
+    for r in rs[1:] + [r5]:
+        _assert_same_bits(rs[0], r, label)
 
 
 @pytest.mark.parametrize("variant", DETGS)
 def test_det_groups_large_documents(variant):
     """Long documents (8K, 8 pairs: one launch group; chains of up to ~20 key blocks spread over
     the grid): three deterministic runs bitwise equal to each other and to variant 5's."""
-    DETG = variant
     _need_detg(variant)
     _need(jnp.bfloat16, 128)
     rng = np.random.default_rng(3)
     B, S, N, K = 2, 8192, 8, 4
     q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
     bj = jnp.asarray(np.broadcast_to(_suite(S, 0, B)["document"], (B, 1, 4, S)).copy())
-    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
-                static_argnames="variant")
-    runs = [f(q, k, v, bj, out, lse, do, variant=DETG) for _ in range(3)]
-    r5 = f(q, k, v, bj, out, lse, do, variant=5)
-    for r in runs[1:] + [r5]:
-        _assert_same_bits(runs[0], r, f"variant {DETG} large documents")
+    _assert_det_runs_like_v5(q, k, v, bj, do, variant, f"variant {variant} large documents")
 
 
 # --------------------------------------------------------------------------- variant 17
@@ -1369,21 +1388,7 @@ def test_det_auto_reference(case):
     mask families (G = 1: full, causal, causal_document, sliding_window; G > 1: documents), GQA
     8 / 2 and ragged Sq / Sk, and bitwise repeatable with other work in between."""
     _need_det_auto()
-    d = 128
-    seed = _seed()
-    rng = np.random.default_rng(seed)
-    B, Sq, Sk, N, K = 2, 1200, 1200, 4, 2
-    if case == "random_gqa":
-        N, K = 8, 2
-        b = random_bounds(rng, B, 2, Sq, Sk)
-    elif case == "small_docs_ragged":
-        Sq = Sk = 1999
-        b = _small_documents(B, Sq, rng, 60, 200)
-    else:
-        b = np.broadcast_to(_suite(Sq, seed, B)[case], (B, 1, 4, Sk)).copy()
-    q, k, v, do = _inputs(rng, B, Sq, Sk, N, K, d, jnp.bfloat16)
-    _check_twice_bitwise(q, k, v, do, b, seed, case, scale=d ** -0.5, variant=DET_AUTO,
-                         msg=f"seed={seed} case={case} variant 17")
+    _check_det_reference(DET_AUTO, case)
 
 
 @pytest.mark.parametrize("mask", ["document", "full", "causal", "small_docs"])
@@ -1400,14 +1405,7 @@ def test_det_auto_large_repeatable(mask):
         assert _host_group(b, S, N, K) == 8
     else:
         b = np.broadcast_to(_suite(S, 0, B)[mask], (B, 1, 4, S)).copy()
-    bj = jnp.asarray(b)
-    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
-                static_argnames="variant")
-    runs = [f(q, k, v, bj, out, lse, do, variant=DET_AUTO) for _ in range(3)]
-    r5 = f(q, k, v, bj, out, lse, do, variant=5)
-    for r in runs[1:] + [r5]:
-        _assert_same_bits(runs[0], r, f"variant 17 large {mask}")
+    _assert_det_runs_like_v5(q, k, v, jnp.asarray(b), do, DET_AUTO, f"variant 17 large {mask}")
 
 
 def test_det_auto_d64_refused():
