@@ -4,6 +4,7 @@
 #include <cmath>
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 #include "bwd_launch.cuh"
@@ -13,7 +14,7 @@ namespace jfm {
 namespace sm90 {
 namespace {
 
-constexpr int kPrepThreads = 256;  // 8 warps, one row (b, i, h) per warp
+constexpr int kPrepThreads = 256;  // bwd_prep_kernel (fallback): 8 warps, one row (b, i, h) per warp
 
 template <class Elem>
 __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
@@ -51,6 +52,94 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
   }
 }
 
+// Fused row statistics + dQ-accumulator zeroing (the default path, bwd_prep_sm90). Rows in the
+// input order [B, Sq, N] (a block's 32 rows are contiguous in O / dO / lse / dlse), 8 threads per
+// row. Thread t of a row loads the 16-byte chunks at columns 8t + 64k (k < D/64) of O and dO and
+// its row's lse / dlse before any use, then (while those loads are in flight) stores zeros over
+// its grid-stride share of dq_accum[0, zero_floats) and writes the padded rows' (+inf, 0).
+// D stays bitwise equal to bwd_prep_kernel's: thread t computes the partial sums of that kernel's
+// lanes v = 4t + s (s < 4; lane v sums the pairs at columns 2v + 64k in the same fmaf order),
+// then runs the same xor tree: offsets 16, 8, 4 of lane v are offsets 4, 2, 1 of thread t
+// (shuffles within the row's 8 threads), offsets 2, 1 are in-thread ((a0 + a2) + (a1 + a3));
+// fp addition is commutative, so every lane of the old tree held lane 0's value.
+constexpr int kPrepRowThreads = 8;
+constexpr int kPrepRowsPerBlock = kPrepThreads / kPrepRowThreads;  // 32
+
+template <class Elem, int D>
+__global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
+    const Elem* __restrict__ o, const Elem* __restrict__ dout, const float* __restrict__ lse,
+    const float* __restrict__ dlse, float* __restrict__ lse2, float* __restrict__ delta,
+    float* __restrict__ dq_accum, int64_t zero_floats, int B, int Sq, int N, int sq_pad) {
+  static_assert(D % 64 == 0, "16-byte chunks at columns 8t + 64k");
+  constexpr int kChunks = D / 64;
+  using Chunk = cutlass::AlignedArray<Elem, 8, 16>;
+  const int t = threadIdx.x % kPrepRowThreads;
+  const int64_t row = (int64_t)blockIdx.x * kPrepRowsPerBlock + threadIdx.x / kPrepRowThreads;
+  const bool live = row < (int64_t)B * Sq * N;  // input order: row = (b * Sq + i) * N + h
+  Chunk xo[kChunks], xg[kChunks];
+  float l = 0.f, dl = 0.f;
+  if (live) {
+    const Chunk* orow = reinterpret_cast<const Chunk*>(o + row * D);
+    const Chunk* grow = reinterpret_cast<const Chunk*>(dout + row * D);
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) xo[k] = orow[t + 8 * k];
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) xg[k] = grow[t + 8 * k];
+    l = lse[row];
+    dl = dlse[row];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      xo[k].fill(Elem(0.f));
+      xg[k].fill(Elem(0.f));
+    }
+  }
+  // zeros of the fp32 dQ accumulator: the byte range of the former cudaMemsetAsync
+  const int64_t gtid = (int64_t)blockIdx.x * kPrepThreads + threadIdx.x;
+  const int64_t nthreads = (int64_t)gridDim.x * kPrepThreads;
+  const int64_t zero4 = zero_floats / 4;
+  float4* z4 = reinterpret_cast<float4*>(dq_accum);
+  for (int64_t j = gtid; j < zero4; j += nthreads) z4[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t j = zero4 * 4 + gtid; j < zero_floats; j += nthreads) dq_accum[j] = 0.f;
+  // padded rows i in [Sq, sq_pad) of every (b, h): (+inf, 0)
+  const int pad = sq_pad - Sq;
+  if (pad > 0) {
+    const int64_t npad = (int64_t)B * N * pad;
+    for (int64_t j = gtid; j < npad; j += nthreads) {
+      const int64_t out = (j / pad) * sq_pad + Sq + j % pad;
+      lse2[out] = INFINITY;
+      delta[out] = 0.f;
+    }
+  }
+  float a[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      acc = fmaf(static_cast<float>(xo[k][2 * s]), static_cast<float>(xg[k][2 * s]), acc);
+      acc = fmaf(static_cast<float>(xo[k][2 * s + 1]), static_cast<float>(xg[k][2 * s + 1]), acc);
+    }
+    a[s] = acc;
+  }
+#pragma unroll
+  for (int off = kPrepRowThreads / 2; off > 0; off >>= 1) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) a[s] += __shfl_xor_sync(0xffffffffu, a[s], off);
+  }
+  const float acc = (a[0] + a[2]) + (a[1] + a[3]);
+  if (live && t == 0) {
+    // output row order [B, N, sq_pad]
+    const int h = (int)(row % N);
+    const int64_t bi = row / N;
+    const int i = (int)(bi % Sq);
+    const int64_t b = bi / Sq;
+    const int64_t out = (b * N + h) * sq_pad + i;
+    lse2[out] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
+    delta[out] = acc - dl;
+  }
+}
+
 // The workspace holds each 64 x d block of query rows in the kernel's fragment order
 // (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
 // wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
@@ -68,23 +157,38 @@ template <class Elem>
 __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
                                    int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
   static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (variant 7: two per tile)");
+  constexpr int kUnroll = 4;  // pairs per thread per trip: their loads are issued before the stores
   const int hp = d / 2;  // pairs per row
   const int dqc = d >= 128 ? d / 2 : d;
-  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < npairs;
-       t += (int64_t)gridDim.x * blockDim.x) {
-    // output order [B, Sq, N, d/2]
-    const int c = (int)(t % hp);
-    int64_t r = t / hp;
-    const int h = (int)(r % N);
-    r /= N;
-    const int i = (int)(r % Sq);
-    const int64_t b = r / Sq;
-    const int64_t tile = ((b * N + h) * sq_pad + (i / 64) * 64) * d;
-    const float2 x = *reinterpret_cast<const float2*>(acc + tile + dq_frag_offset(i % 64, 2 * c, dqc));
-    cutlass::Array<Elem, 2> y;
-    y[0] = static_cast<Elem>(x.x * scale);
-    y[1] = static_cast<Elem>(x.y * scale);
-    reinterpret_cast<cutlass::Array<Elem, 2>*>(dq)[t] = y;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t0 < npairs;
+       t0 += kUnroll * stride) {
+    float2 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = t0 + u * stride;
+      if (t < npairs) {
+        // output order [B, Sq, N, d/2]
+        const int c = (int)(t % hp);
+        int64_t r = t / hp;
+        const int h = (int)(r % N);
+        r /= N;
+        const int i = (int)(r % Sq);
+        const int64_t b = r / Sq;
+        const int64_t tile = ((b * N + h) * sq_pad + (i / 64) * 64) * d;
+        x[u] = *reinterpret_cast<const float2*>(acc + tile + dq_frag_offset(i % 64, 2 * c, dqc));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t t = t0 + u * stride;
+      if (t < npairs) {
+        cutlass::Array<Elem, 2> y;
+        y[0] = static_cast<Elem>(x[u].x * scale);
+        y[1] = static_cast<Elem>(x[u].y * scale);
+        reinterpret_cast<cutlass::Array<Elem, 2>*>(dq)[t] = y;
+      }
+    }
   }
 }
 
@@ -103,37 +207,75 @@ __device__ __forceinline__ int dq80_frag_offset(int r, int c) {
 // One CTA per (80-row tile, head, batch): the tile (40 KB, contiguous) is read coalesced into
 // shared memory at its (query, d) place (row pitch 132 floats: the scatter of a warp's 64
 // consecutive floats hits 32 distinct banks), then each query row is written out as 128
-// contiguous outputs.
-template <class Elem>
-__global__ void __launch_bounds__(256) bwd_convert80_kernel(const float* __restrict__ acc,
-                                                            Elem* __restrict__ dq, int Sq, int N,
-                                                            int sq_pad, float scale) {
+// contiguous outputs. The read phase issues all 20 float2 loads of a thread before its
+// shared-memory stores (same smem places as before: only which thread moves which pair changed);
+// 5 CTAs per SM as before (smem-bound; __launch_bounds__ keeps 48 registers). The write phase
+// converts 8 columns per
+// thread and stores them with one 16-byte store (kVec16; 4-byte stores when dq is not 16-byte
+// aligned).
+constexpr int kConv80Threads = 256;
+constexpr int kConv80Pairs = kRows80 * kRows80D / 2 / kConv80Threads;  // 20 float2 per thread
+static_assert(kConv80Pairs * 2 * kConv80Threads == kRows80 * kRows80D && kConv80Pairs == 20 &&
+                  kRows80 == 80 && kConv80Threads == 256, "the read phase's block split");
+template <class Elem, bool kVec16>
+__global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const float* __restrict__ acc,
+                                                                       Elem* __restrict__ dq, int Sq, int N,
+                                                                       int sq_pad, float scale) {
   __shared__ float s[kRows80 * kRows80Pad];
   const int mt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t tile = (((int64_t)b * N + h) * sq_pad + (int64_t)mt * kRows80) * kRows80D;
-  // inverse of dq80_frag_offset on float pairs: o = 2*p -> (slab, row group, col group, lane)
-  for (int p = threadIdx.x; p < kRows80 * kRows80D / 2; p += blockDim.x) {
-    const float2 x = *reinterpret_cast<const float2*>(acc + tile + 2 * p);
-    const int o = 2 * p;
-    const int wq = o / (64 * kRows80), w = o % (64 * kRows80);
-    const int blk = w / 64, ln = (w % 64) / 2;       // 64-float block, lane
-    const int rg = blk / (kRows80 / 8), kk = blk % (kRows80 / 8);
-    const int cc = (rg / 2) * 16 + (rg % 2) * 8 + ln / 4;  // d within the slab
-    const int r = kk * 8 + 2 * (ln % 4);                   // query (even), r + 1 in x.y
-    const int c = wq * 64 + cc;
-    s[r * kRows80Pad + c] = x.x;
-    s[(r + 1) * kRows80Pad + c] = x.y;
+  // Warp w reads the 64-float blocks 20w .. 20w + 19 of the tile (5 KB contiguous; lane l the
+  // float pair 2l of each block). Block B = 20w + u holds slab wq = w / 4, row group
+  // rg = 2 (w % 4) + u / 10 and column group kk = u % 10 (dq80_frag_offset with B = wq * 80 +
+  // rg * 10 + kk), so its pair lands at s[r * kRows80Pad + c] with r = 8 kk + 2 (l % 4),
+  // c = 64 wq + 16 (rg / 2) + 8 (rg % 2) + l / 4: one per-thread base plus a constant of u.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float2* src =
+      reinterpret_cast<const float2*>(acc + tile) + (int64_t)warp * kConv80Pairs * 32 + lane;
+  float* dst = s + 2 * (lane % 4) * kRows80Pad + (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;
+  float2 x[kConv80Pairs];
+#pragma unroll
+  for (int u = 0; u < kConv80Pairs; ++u) x[u] = src[u * 32];
+#pragma unroll
+  for (int u = 0; u < kConv80Pairs; ++u) {
+    float* d = dst + (u % 10) * 8 * kRows80Pad + (u / 10) * 8;
+    d[0] = x[u].x;
+    d[kRows80Pad] = x[u].y;
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < kRows80 * kRows80D / 2; p += blockDim.x) {
-    const int r = p / (kRows80D / 2), c = 2 * (p % (kRows80D / 2));
-    const int i = mt * kRows80 + r;
-    if (i >= Sq) break;  // rows ascend with p
-    const float2 x = *reinterpret_cast<const float2*>(&s[r * kRows80Pad + c]);
-    cutlass::Array<Elem, 2> y;
-    y[0] = static_cast<Elem>(x.x * scale);
-    y[1] = static_cast<Elem>(x.y * scale);
-    *reinterpret_cast<cutlass::Array<Elem, 2>*>(dq + (((int64_t)b * Sq + i) * N + h) * kRows80D + c) = y;
+  if constexpr (kVec16) {
+    constexpr int kGroups = kRows80D / 8;  // 8-column groups per row
+#pragma unroll
+    for (int q = 0; q < kRows80 * kGroups / kConv80Threads; ++q) {
+      const int p = q * kConv80Threads + threadIdx.x;
+      const int r = p / kGroups, c = 8 * (p % kGroups);
+      const int i = mt * kRows80 + r;
+      if (i >= Sq) break;  // rows ascend with p
+      const float4 x0 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c]);
+      const float4 x1 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c + 4]);
+      cutlass::AlignedArray<Elem, 8, 16> y;
+      y[0] = static_cast<Elem>(x0.x * scale);
+      y[1] = static_cast<Elem>(x0.y * scale);
+      y[2] = static_cast<Elem>(x0.z * scale);
+      y[3] = static_cast<Elem>(x0.w * scale);
+      y[4] = static_cast<Elem>(x1.x * scale);
+      y[5] = static_cast<Elem>(x1.y * scale);
+      y[6] = static_cast<Elem>(x1.z * scale);
+      y[7] = static_cast<Elem>(x1.w * scale);
+      *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(
+          dq + (((int64_t)b * Sq + i) * N + h) * kRows80D + c) = y;
+    }
+  } else {
+    for (int p = threadIdx.x; p < kRows80 * kRows80D / 2; p += kConv80Threads) {
+      const int r = p / (kRows80D / 2), c = 2 * (p % (kRows80D / 2));
+      const int i = mt * kRows80 + r;
+      if (i >= Sq) break;  // rows ascend with p
+      const float2 x = *reinterpret_cast<const float2*>(&s[r * kRows80Pad + c]);
+      cutlass::Array<Elem, 2> y;
+      y[0] = static_cast<Elem>(x.x * scale);
+      y[1] = static_cast<Elem>(x.y * scale);
+      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dq + (((int64_t)b * Sq + i) * N + h) * kRows80D + c) = y;
+    }
   }
 }
 
@@ -266,22 +408,49 @@ cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, i
   return cudaGetLastError();
 }
 
-cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
-  const int64_t rows = (int64_t)p.B * p.N * sq_pad;
-  if (rows == 0) return cudaSuccess;
-  const int64_t blocks = (rows + kPrepThreads / 32 - 1) / (kPrepThreads / 32);
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+namespace {
+template <class Elem>
+cudaError_t bwd_prep_launch(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
+                            cudaStream_t stream) {
+  const Elem* o = static_cast<const Elem*>(p.o);
+  const Elem* dout = static_cast<const Elem*>(p.dout);
   float* lse2 = p.rowstats;
-  float* delta = p.rowstats + rows;
-  if (p.dtype == DType::kBF16)
-    bwd_prep_kernel<cutlass::bfloat16_t><<<(unsigned)blocks, kPrepThreads, 0, stream>>>(
-        static_cast<const cutlass::bfloat16_t*>(p.o), static_cast<const cutlass::bfloat16_t*>(p.dout),
-        p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad);
-  else
-    bwd_prep_kernel<cutlass::half_t><<<(unsigned)blocks, kPrepThreads, 0, stream>>>(
-        static_cast<const cutlass::half_t*>(p.o), static_cast<const cutlass::half_t*>(p.dout),
-        p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad);
-  return cudaGetLastError();
+  float* delta = p.rowstats + (int64_t)p.B * p.N * sq_pad;
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.o) % 16 == 0) &&
+                       (reinterpret_cast<uintptr_t>(p.dout) % 16 == 0) &&
+                       (reinterpret_cast<uintptr_t>(p.dq_accum) % 16 == 0);
+  const int64_t rows = (int64_t)p.B * p.Sq * p.N;
+  const int64_t blocks = (rows + kPrepRowsPerBlock - 1) / kPrepRowsPerBlock;
+  if (aligned && (p.d == 64 || p.d == 128 || p.d == 256) && blocks > 0 && blocks <= INT32_MAX) {
+    auto kernel = p.d == 64    ? &bwd_prep_fused_kernel<Elem, 64>
+                  : p.d == 128 ? &bwd_prep_fused_kernel<Elem, 128>
+                               : &bwd_prep_fused_kernel<Elem, 256>;
+    kernel<<<(unsigned)blocks, kPrepThreads, 0, stream>>>(o, dout, p.lse, p.dlse, lse2, delta,
+                                                          p.dq_accum, (int64_t)dq_zero_floats,
+                                                          p.B, p.Sq, p.N, sq_pad);
+    return cudaGetLastError();
+  }
+  // fallback: one warp per padded row, then the driver's memset of the accumulator
+  const int64_t prow = (int64_t)p.B * p.N * sq_pad;
+  const int64_t pblocks = (prow + kPrepThreads / 32 - 1) / (kPrepThreads / 32);
+  if (pblocks > INT32_MAX) return cudaErrorInvalidValue;
+  bwd_prep_kernel<Elem><<<(unsigned)pblocks, kPrepThreads, 0, stream>>>(
+      o, dout, p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || dq_zero_floats == 0) return e;
+  return cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * dq_zero_floats, stream);
+}
+}  // namespace
+
+cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
+                          cudaStream_t stream) {
+  const int64_t rows = (int64_t)p.B * p.N * sq_pad;
+  if (rows == 0) {
+    if (dq_zero_floats == 0) return cudaSuccess;
+    return cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * dq_zero_floats, stream);
+  }
+  if (p.dtype == DType::kBF16) return bwd_prep_launch<cutlass::bfloat16_t>(p, sq_pad, dq_zero_floats, stream);
+  return bwd_prep_launch<cutlass::half_t>(p, sq_pad, dq_zero_floats, stream);
 }
 
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
@@ -290,12 +459,18 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t str
   if (p.variant == 16 && p.d == kRows80D) {  // 80-row tiles, transposed fragment order
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
-    if (p.dtype == DType::kBF16)
-      bwd_convert80_kernel<cutlass::bfloat16_t><<<grid, 256, 0, stream>>>(
+    const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
+    if (p.dtype == DType::kBF16) {
+      auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::bfloat16_t, true>
+                          : &bwd_convert80_kernel<cutlass::bfloat16_t, false>;
+      kernel<<<grid, kConv80Threads, 0, stream>>>(
           p.dq_accum, static_cast<cutlass::bfloat16_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
-    else
-      bwd_convert80_kernel<cutlass::half_t><<<grid, 256, 0, stream>>>(
+    } else {
+      auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::half_t, true>
+                          : &bwd_convert80_kernel<cutlass::half_t, false>;
+      kernel<<<grid, kConv80Threads, 0, stream>>>(
           p.dq_accum, static_cast<cutlass::half_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
+    }
     return cudaGetLastError();
   }
   const int threads = 256;

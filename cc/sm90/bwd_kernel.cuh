@@ -1554,9 +1554,8 @@ cudaError_t bwd_prepare_workspaces(const BwdParams& p, int mblk, int sq_pad, int
                                    cudaStream_t stream) {
   cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, T::Bn, stream);
   if (e != cudaSuccess) return e;
-  e = bwd_prep_sm90(p, sq_pad, stream);
-  if (e != cudaSuccess) return e;
-  e = cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * (size_t)p.B * p.N * sq_pad * T::D, stream);
+  // row statistics and the zeros of the fp32 dQ accumulator [B, N, sq_pad, T::D] in one kernel
+  e = bwd_prep_sm90(p, sq_pad, (size_t)p.B * p.N * sq_pad * T::D, stream);
   if (e != cudaSuccess) return e;
   if (p.deterministic)
     e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);

@@ -17,8 +17,9 @@ template <class Elem>
 cudaError_t launch_bwd_d256(const BwdParams& p, cudaStream_t stream, const char** err);
 
 // rowstats[0] = lse * log2(e) (+inf for fully masked and padded rows), rowstats[1] =
-// rowsum(dO * O) - dlse (0 on padded rows); both [B, N, sq_pad].
-cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
+// rowsum(dO * O) - dlse (0 on padded rows); both [B, N, sq_pad]. Also zeroes
+// dq_accum[0, dq_zero_floats) (the fp32 dQ accumulator; same stream, before the main kernel).
+cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats, cudaStream_t stream);
 // dq [B, Sq, N, d] = dq_accum [B, N, sq_pad, d] * scale, in the input dtype.
 // Variant 6 scheduler pre-pass (one CTA): sched[0] = 0 (the item counter) and sched[4 + r] = key
 // block of rank r: descending query-tile count summed over (batch, mask head), ties ascending

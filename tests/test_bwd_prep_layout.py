@@ -1,0 +1,240 @@
+"""CPU checks of the fused backward prep and the dQ convert (cc/sm90/bwd_aux.cu, branch bwdprep;
+benchmarks/NOTES_bwdprep.md).
+
+The kernels' index math is transcribed here and compared, for a grid of workspace shapes of every
+variant family (64-, 80- and 128-row query tiles; d = 64 / 128 / 256), with what it replaced:
+- bwd_prep_fused_kernel zeroes exactly the bytes the removed cudaMemsetAsync of dq_accum zeroed
+  (every float once, nothing outside), and writes the row statistics of every (b, h, i < sq_pad)
+  exactly once (real rows from the input-order rows, padded rows from the grid-stride loop);
+- D's summation: per row, the expression tree of the new 8-threads-per-row reduction equals the
+  old warp-per-row one (same fmaf chains per old lane, same xor tree; + compared as commutative);
+- bwd_convert80_kernel's new read split (warp w: blocks 20w .. 20w + 19) puts every float of the
+  tile at the same shared-memory place as the old loop over p, and its write phase (8 columns per
+  thread) writes each output once from the same place.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+AUX = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
+KERNEL = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
+
+PREP_THREADS = 256
+ROW_THREADS = 8
+ROWS_PER_BLOCK = PREP_THREADS // ROW_THREADS
+
+
+def block_m(d: int, variant: int) -> int:
+    """Query rows per tile (jax_flashmask._cuda._bwd_block_m, transcribed: no jax import)."""
+    if variant == 16 and d == 128:
+        return 80
+    if variant in (7, 11) and d == 64:
+        return 128
+    return 64
+
+
+def shapes():
+    out = []
+    for d, variants in ((64, (5, 7, 11, 13)), (128, (5, 13, 16, 17)), (256, (5,))):
+        for variant in variants:
+            for B, Sq, N in ((1, 1, 1), (1, 79, 3), (2, 80, 2), (1, 81, 4), (3, 127, 1),
+                             (1, 129, 2), (2, 200, 3), (1, 333, 5)):
+                out.append((B, Sq, N, d, variant))
+    return out
+
+
+def memset_range(B, Sq, N, d, variant):
+    """Bytes the removed cudaMemsetAsync zeroed: sizeof(float) * B * N * sq_pad * T::D."""
+    bm = block_m(d, variant)
+    sq_pad = -(-Sq // bm) * bm
+    return 4 * B * N * sq_pad * d, sq_pad
+
+
+def fused_grid(B, Sq, N):
+    rows = B * Sq * N
+    blocks = -(-rows // ROWS_PER_BLOCK)
+    return blocks, blocks * PREP_THREADS
+
+
+@pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
+def test_zeroing_covers_the_memset_range(B, Sq, N, d, variant):
+    nbytes, sq_pad = memset_range(B, Sq, N, d, variant)
+    zero_floats = B * N * sq_pad * d  # bwd_prepare_workspaces' argument
+    assert 4 * zero_floats == nbytes
+    _, nthreads = fused_grid(B, Sq, N)
+    hits = np.zeros(zero_floats + 64, np.int32)  # + slack: a write past the end would show
+    zero4 = zero_floats // 4
+    for g in range(nthreads):  # float4 loop, then the scalar tail
+        for j in range(g, zero4, nthreads):
+            hits[4 * j:4 * j + 4] += 1
+        for j in range(zero4 * 4 + g, zero_floats, nthreads):
+            hits[j] += 1
+    assert (hits[:zero_floats] == 1).all()
+    assert (hits[zero_floats:] == 0).all()
+
+
+@pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
+def test_row_statistics_written_once(B, Sq, N, d, variant):
+    _, sq_pad = memset_range(B, Sq, N, d, variant)
+    blocks, nthreads = fused_grid(B, Sq, N)
+    hits = np.zeros(B * N * sq_pad, np.int32)
+    src_of = np.full(B * N * sq_pad, -1, np.int64)
+    for blk in range(blocks):  # real rows: thread t == 0 of each live row
+        for r in range(ROWS_PER_BLOCK):
+            row = blk * ROWS_PER_BLOCK + r
+            if row >= B * Sq * N:
+                continue
+            h = row % N
+            bi = row // N
+            i, b = bi % Sq, bi // Sq
+            out = (b * N + h) * sq_pad + i
+            hits[out] += 1
+            src_of[out] = row
+    pad = sq_pad - Sq
+    if pad > 0:
+        for g in range(nthreads):
+            for j in range(g, B * N * pad, nthreads):
+                out = (j // pad) * sq_pad + Sq + j % pad
+                hits[out] += 1
+    assert (hits == 1).all()
+    # real rows read lse / dlse / O / dO at the same source row as the old kernel
+    for out in range(B * N * sq_pad):
+        i = out % sq_pad
+        bh = out // sq_pad
+        h, b = bh % N, bh // N
+        assert src_of[out] == ((b * Sq + i) * N + h if i < Sq else -1)
+
+
+def _add(a, b):
+    return ("+",) + tuple(sorted((a, b), key=repr))  # IEEE addition is commutative
+
+
+def old_delta_tree(d):
+    """bwd_prep_kernel: lane l fmaf-chains the pairs at columns c = 2l + 64k, then the xor tree
+    16, 8, 4, 2, 1 (acc += shfl_xor); the value lane 0 writes."""
+    acc = []
+    for lane in range(32):
+        a = "0"
+        for c in range(2 * lane, d, 64):
+            a = ("fma", c, a)
+            a = ("fma", c + 1, a)
+        acc.append(a)
+    for off in (16, 8, 4, 2, 1):
+        acc = [_add(acc[l], acc[l ^ off]) for l in range(32)]
+    assert len({repr(x) for x in acc}) == 1  # every lane holds the same value
+    return acc[0]
+
+
+def new_delta_tree(d):
+    """bwd_prep_fused_kernel: thread t (of 8) holds chunks at columns 8t + 64k; a[s] chains
+    elements 2s, 2s + 1 of each chunk; shuffles 4, 2, 1 across threads; (a0 + a2) + (a1 + a3)."""
+    chunks = d // 64
+    a = []
+    for t in range(ROW_THREADS):
+        at = []
+        for s in range(4):
+            acc = "0"
+            for k in range(chunks):
+                c = 8 * t + 64 * k + 2 * s
+                acc = ("fma", c, acc)
+                acc = ("fma", c + 1, acc)
+            at.append(acc)
+        a.append(at)
+    for off in (4, 2, 1):
+        a = [[_add(a[t][s], a[t ^ off][s]) for s in range(4)] for t in range(ROW_THREADS)]
+    res = [_add(_add(a[t][0], a[t][2]), _add(a[t][1], a[t][3])) for t in range(ROW_THREADS)]
+    assert len({repr(x) for x in res}) == 1
+    return res[0]
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_delta_summation_order_unchanged(d):
+    assert repr(new_delta_tree(d)) == repr(old_delta_tree(d))
+
+
+ROWS80, D80, PAD80 = 80, 128, 132
+
+
+def old_convert80_places():
+    """bwd_convert80_kernel before: float offset o = 2p of the tile -> smem index (x.x; x.y at
+    the next row)."""
+    place = {}
+    for p in range(ROWS80 * D80 // 2):
+        o = 2 * p
+        wq, w = o // (64 * ROWS80), o % (64 * ROWS80)
+        blk, ln = w // 64, (w % 64) // 2
+        rg, kk = blk // (ROWS80 // 8), blk % (ROWS80 // 8)
+        cc = (rg // 2) * 16 + (rg % 2) * 8 + ln // 4
+        r = kk * 8 + 2 * (ln % 4)
+        c = wq * 64 + cc
+        place[o] = r * PAD80 + c
+        place[o + 1] = (r + 1) * PAD80 + c
+    return place
+
+
+def new_convert80_places():
+    place = {}
+    for tid in range(256):
+        warp, lane = tid // 32, tid % 32
+        src = warp * 20 * 32 + lane  # float2 index
+        dst = 2 * (lane % 4) * PAD80 + (warp // 4) * 64 + (warp % 4) * 16 + lane // 4
+        for u in range(20):
+            o = 2 * (src + 32 * u)
+            dd = dst + (u % 10) * 8 * PAD80 + (u // 10) * 8
+            assert o not in place
+            place[o] = dd
+            place[o + 1] = dd + PAD80
+    return place
+
+
+def test_convert80_read_places_unchanged():
+    old, new = old_convert80_places(), new_convert80_places()
+    assert len(old) == ROWS80 * D80 and old == new
+    assert len(set(new.values())) == ROWS80 * D80
+    # bank check of one store instruction: warp's 32 lanes hit 32 distinct banks
+    for warp in range(8):
+        for u in range(20):
+            banks = {new[2 * (warp * 640 + 32 * u + lane)] % 32 for lane in range(32)}
+            assert len(banks) == 32
+
+
+@pytest.mark.parametrize("Sq,mt", [(80, 0), (100, 1), (161, 2), (5, 0)])
+def test_convert80_write_phase_unchanged(Sq, mt):
+    old = {}
+    for p in range(ROWS80 * D80 // 2):
+        r, c = p // (D80 // 2), 2 * (p % (D80 // 2))
+        if mt * ROWS80 + r >= Sq:
+            break
+        for j in range(2):
+            old[(r, c + j)] = r * PAD80 + c + j
+    new = {}
+    for q in range(ROWS80 * (D80 // 8) // 256):
+        for tid in range(256):
+            p = q * 256 + tid
+            r, c = p // (D80 // 8), 8 * (p % (D80 // 8))
+            if mt * ROWS80 + r >= Sq:
+                continue  # the kernel's break: rows ascend with p for a thread
+            for j in range(8):
+                assert (r, c + j) not in new
+                new[(r, c + j)] = r * PAD80 + c + j
+    assert old == new
+
+
+def test_sources_match_the_model():
+    """The transcribed constants and the call site are those of the sources."""
+    assert "cudaMemsetAsync(p.dq_accum" not in KERNEL
+    assert "bwd_prep_sm90(p, sq_pad, (size_t)p.B * p.N * sq_pad * T::D, stream)" in KERNEL
+    assert re.search(r"constexpr int kPrepThreads = 256;", AUX)
+    assert re.search(r"constexpr int kPrepRowThreads = 8;", AUX)
+    assert "for (int k = 0; k < kChunks; ++k) xo[k] = orow[t + 8 * k];" in AUX
+    assert "const int64_t out = (j / pad) * sq_pad + Sq + j % pad;" in AUX
+    assert "const float acc = (a[0] + a[2]) + (a[1] + a[3]);" in AUX
+    assert "for (int off = kPrepRowThreads / 2; off > 0; off >>= 1)" in AUX
+    assert ("float* dst = s + 2 * (lane % 4) * kRows80Pad + (warp / 4) * 64 + (warp % 4) * 16 + "
+            "lane / 4;") in AUX
+    assert "float* d = dst + (u % 10) * 8 * kRows80Pad + (u / 10) * 8;" in AUX
