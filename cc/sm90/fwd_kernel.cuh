@@ -1083,11 +1083,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // Variant 7 = variant 3 with the two-level block walk (GroupScan).
   // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
   // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
-  // 14 and 15 (Paired) too, with two tiles per claim. 17 and 18 (12 / 13 with GroupScan and
-  // MaskBits) run one CTA per tile: measured so in session 7, the persistent grid not yet tried.
+  // 14 and 15 (Paired) too, with two tiles per claim; 17 and 18 (12 / 13 + GroupScan + MaskBits) too.
   const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
                           p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
-                          p.variant == 13;
+                          p.variant == 13 || p.variant == 17 || p.variant == 18;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
