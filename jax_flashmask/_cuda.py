@@ -54,7 +54,7 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # 16 (11 with the consumers' key-block walk taken from the producer's job slots: H200 session 7
 # run 2, 32K: not faster than 11 on any mask beyond noise; 11 / 16: full 628 / 617,
 # sliding_window 543 / 524).
-# The persistent variants (3, 5, 6, 7, 10-15) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
+# The persistent variants (3, 5, 6, 7, 10-15, 17, 18) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # History of the default (today's: DEFAULT_VARIANTS below): 3 from run 6 (run B, H200 2026-11-30:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s;
 # benchmarks/NOTES.md, forward run B); then variant 7 (the group walk) from LONG_KEYS keys on,
@@ -88,15 +88,16 @@ GROUP_META_VARIANTS = (GROUP_SCAN_VARIANT, MASK_BITS_GS_VARIANT, WG3_MASK_BITS_V
 #  15: 13 and 14 together (d = 256 only): key blocks of 80 and paired tiles (not yet run on a GPU).
 #  17: 12 with 11's two-level walk and bit-word mask (d = 64 only; 12's setmaxnreg 32/160).
 #      Bit-identical to 12 (H200 s7 run 5: 87 hd_variant tests, memcheck / racecheck clean).
-#      17 and 18 launch one CTA per query tile (the launcher's persistent list does not name them;
-#      session 7 measured them so): they ignore sm_margin, see resolve_variant.
+#      17 and 18 run on the persistent grid (session 7 timed them one CTA per query tile: the
+#      launcher's list had missed them).
 #  18: 13 with 11's two-level walk and bit-word mask (d = 256 only; the bit words take the place
 #      of the staged bounds in shared memory). Bit-identical to 13 (s7 run 5). Not a default: at
 #      32K full 616 against 13's 671, sliding_window 505 against 11's 523 (wins causal_document).
 VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
             WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 # the persistent-grid variants: they launch num_SMs - sm_margin CTAs
-PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15)
+PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
+                       WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 DEFAULT_VARIANT = 3
 LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key column of DEFAULT_VARIANTS
 # variant=None: DEFAULT_VARIANTS[head_dim][structure] = (variant below LONG_KEYS keys, from LONG_KEYS
@@ -239,18 +240,14 @@ def check_variant_head_dim(variant: int, head_dim: int) -> None:
 
 
 def resolve_variant(variant: int | None, num_keys: int = 0, head_dim: int = 128,
-                    structure: str = "general", sm_margin: int = 0) -> int:
+                    structure: str = "general") -> int:
     """The forward kernel variant `forward(..., variant=variant)` runs on `num_keys` keys of
-    `head_dim` for a mask of `structure` (None: DEFAULT_VARIANTS; see there; with sm_margin > 0
-    the short-key default where the long-key one does not run on the persistent grid, so that the
-    margin is kept); ValueError for one that is not compiled. Needs neither the extension nor a
-    GPU."""
+    `head_dim` for a mask of `structure` (None: DEFAULT_VARIANTS; see there); ValueError for one
+    that is not compiled. Needs neither the extension nor a GPU."""
     if structure not in STRUCTURES:
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     if variant is None:
         short, long = DEFAULT_VARIANTS.get(int(head_dim), DEFAULT_VARIANTS[128])[structure]
-        if int(sm_margin) > 0 and long not in PERSISTENT_VARIANTS:
-            return short
         return long if int(num_keys) >= LONG_KEYS else short
     if int(variant) not in VARIANTS:
         raise ValueError(f"unknown forward kernel variant {variant}; valid: "
@@ -266,7 +263,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     UTE). Returns out [B,Sq,N,d] in q.dtype and lse float32 [B,Sq,N] (natural log; -inf and out=0
     for fully masked rows). Works under jit and vmap (vmap axes fold into the batch).
 
-    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15; variant=None picks one) leave
+    sm_margin: number of SMs the persistent variants (3, 5, 6, 7, 10-15, 17, 18; variant=None picks one) leave
     free, e.g. for NCCL's send/recv kernels to run concurrently under context parallelism (grid =
     max(1, num_SMs - sm_margin) CTAs). Ignored by the one-CTA-per-tile variants (2, 4).
     structure: "full" / "causal" when `bounds` is known to be the unmasked (or causal) mask,
@@ -278,7 +275,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
-    variant = resolve_variant(variant, Sk, d, structure, sm_margin)
+    variant = resolve_variant(variant, Sk, d, structure)
     check_variant_head_dim(variant, d)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)

@@ -335,11 +335,10 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.variant_supported(7, jnp.bfloat16, d)
     assert 7 in _cuda.TESTED_VARIANTS
-    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15} <= set(_cuda.VARIANTS)
-    # d = 64 from 32K keys runs 17 (one CTA per query tile): with an SM margin the persistent 12 / 11
-    assert [_cuda.resolve_variant(None, 32768, 64, s, sm_margin=8) for s in _cuda.STRUCTURES] == [12, 12, 11]
-    assert _cuda.resolve_variant(None, 32768, 128, sm_margin=8) == 11
-    assert _cuda.resolve_variant(17, 32768, 64, sm_margin=8) == 17  # an explicit variant is kept
+    # every default runs on the persistent grid, so a context-parallel sm_margin is always honoured
+    assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 17, 18} <= set(_cuda.VARIANTS)
+    for d, table in _cuda.DEFAULT_VARIANTS.items():
+        assert {v for pair in table.values() for v in pair} <= set(_cuda.PERSISTENT_VARIANTS), d
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
