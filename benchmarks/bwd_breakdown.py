@@ -110,6 +110,8 @@ def fit_protocol(files=PROTOCOL_FILES, masks=None, impl: str = "ours", d: int = 
     model ms)]). FIT / FIT_SHORT above are this on the session-7 files (all masks / the short ones)."""
     import json
 
+    import bwd_mask_model as mm
+
     here = Path(__file__).resolve().parent
     counts, A, y, keys = {}, [], [], []
     for f in files:
@@ -128,9 +130,7 @@ def fit_protocol(files=PROTOCOL_FILES, masks=None, impl: str = "ours", d: int = 
             y.append(r["bwd_ms"] * 1e3)
             keys.append((S, r["mask"]))
     A, y = np.array(A), np.array(y)
-    w = 1.0 / y
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    pred = A @ coef
+    coef, pred = mm.relative_lstsq(A, y)
     return dict(K0=float(coef[0]), t_tile=float(coef[1]), dP=float(coef[2]),
                 rms=float(np.sqrt(np.mean((pred / y - 1) ** 2))),
                 rows=[(S, m, yy / 1e3, pp / 1e3) for (S, m), yy, pp in zip(keys, y, pred)])

@@ -41,6 +41,13 @@ BN = 128  # kBwdBlockN
 SMS = 132
 
 
+
+def relative_lstsq(A: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares of A @ coef ~ y on relative errors (each row weighted 1 / y): (coef, A @ coef)."""
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    return coef, A @ coef
+
 def key_block_meta(bounds: np.ndarray, Bn: int = BN) -> np.ndarray:
     """[nblk, 8] int64: (LTS, LTE, UTS, UTE) x (min, max) per key block (block_meta.cu)."""
     sk = bounds.shape[1]
@@ -118,9 +125,7 @@ def fit(files: list[str], Bm: int = 64, d: int = 128, H: int = 32):
             y.append(r["bwd_ms"] * 1e3)
             keys.append((S, r["mask"]))
     A, y = np.array(rows), np.array(y)
-    w = 1.0 / y
-    coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
-    pred = A @ coef
+    coef, pred = relative_lstsq(A, y)
     print(f"fit (d = {d}, Bm = {Bm}, {len(y)} points): K0 = {coef[0] / 1e3:.2f} ms, t_tile = {coef[1]:.3f} us, "
           f"dP = {coef[2]:.3f} us per partial tile, c_scan = {1e3 * coef[3]:.1f} ns per skipped tile; "
           f"rms rel. err {np.sqrt(np.mean((pred / y - 1) ** 2)):.3f}")
