@@ -545,7 +545,7 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
-  if (p.variant == 16 && p.d == kRows80D) {  // 80-row tiles, transposed fragment order
+  if ((p.variant == 16 || p.variant == 19) && p.d == kRows80D) {  // 80-row tiles (16, 19)
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
     const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
