@@ -345,7 +345,23 @@ def main():
     ap.add_argument("--pipe", action="store_true", help="also the pipelined deterministic writer")
     ap.add_argument("--order-check", action="store_true", help="check variant 14's grid decoding")
     ap.add_argument("--fit", action="store_true", help="today's refit: model vs measured, v17")
+    ap.add_argument("--v16", action="store_true",
+                    help="variant 16 / 19 timeline on the real suite masks (NOTES_detwalk.md); "
+                         "--orders x g8 ... (auto: variant 19's rule), --walks asc glast gfirst rot")
+    ap.add_argument("--walks", nargs="+", default=["asc"])
     a = ap.parse_args()
+    if a.v16:
+        regs = {k: v for k, v in REGIMES16.items() if k in a.regimes} or REGIMES16
+        masks = a.masks if a.masks != ap.get_default("masks") else list(MEASURED16)
+        for mk in masks:
+            orders = []
+            for o in a.orders:
+                if o == "auto":
+                    G = suite_group19(mk)[0]
+                    o = "x" if G == 1 else f"g{G}"
+                orders.append(o)
+            table16([mk], regs, list(dict.fromkeys(orders)), a.walks, a.heads)
+        return
     if a.fit:
         print(f"{'mask':16s} {'config':8s} {'order':9s} {'model':>8s} {'measured':>9s} {'model TFLOP/s':>14s}")
         for mk, name, order, model, meas, tf in fit_table(a.heads, a.masks):
@@ -382,6 +398,193 @@ def main():
                         t = simulate(mk, True, order, a.heads, nbuf=nb, pipe=True, **cfg)
                         row.append(f"pipe-{order}:{100 * (t / base - 1):+5.1f}%")
                 print("  ".join(row), flush=True)
+
+
+
+# ------------------------------------------------------------------------------------------------
+# Variant 16 / 19 (80-row query tiles, one dQ smem buffer, serial deterministic writer) on the
+# real suite masks (benchmarks/NOTES_detwalk.md). Kept tiles from bwd_mask_model.classify (the
+# kernel's bwd_find_kept rule); the summation order per tile is descending key block (the
+# predecessor of key block n on tile m = the next higher key block that keeps m), whatever the
+# walk order; the launch order is "x" (variant 16: key block descending, pair fastest ... pair
+# major) or "gG" (G pairs interleaved, variant 14's decoding).
+
+MEASURED16 = {  # H200, 32K, B = 4, H = 32, d = 128, bf16: variant 16 default -> deterministic
+    "full": (529, 458), "causal": (524, 467), "sliding_window": (432, 393),
+    "causal_document": (439, 400), "document": (487, 396), "share_question": (384, 355),
+    "global_sliding_window": (476, 362), "causal_blockwise": (488, 311),
+    "prefix_lm_document": (460, 391), "prefix_lm_causal": (519, 464), "qk_sparse": (517, 464),
+    "random_eviction": (504, 465),
+}
+
+# Variant 16's writer on the fit: T = 3.27 us per 80 x 128 tile (16's default full 529 TFLOP/s),
+# one dQ buffer; the deterministic per-tile period max(s, wfix) + Rc = 3.78 us reproduces the
+# -13 % on full; the split between wfix (serial, not on the chain) and Rc (on the chain: link L =
+# poll + Rc) is fitted by the chain-bound masks: D (L = 1.98 us) reproduces all twelve measured
+# ratios within 0.04, C (L = 2.58 us) brackets it from below.
+REGIMES16 = {"C": dict(wfix=2.0, Rc=1.78), "D": dict(wfix=2.6, Rc=1.18)}
+
+_SUITE16 = {}
+
+
+def suite_tiles(mask: str, S: int = S, Bm: int = 80, seed: int = 0):
+    """(kept [nblk] list of ascending kept query tiles, partial [nblk] set of partial tiles, mblk)
+    for bwd_timing.py's benchmark_suite(S, 0) mask, Bm-row tiles (cached)."""
+    key = (mask, S, Bm, seed)
+    if key not in _SUITE16:
+        import os
+        import sys
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bwd_mask_model import classify, suite_bounds
+
+        b = suite_bounds(S, seed)[mask]
+        skip, part = classify(b, S, Bm)
+        kept = [np.nonzero(~skip[n])[0].tolist() for n in range(skip.shape[0])]
+        parts = [set(np.nonzero(part[n])[0].tolist()) for n in range(skip.shape[0])]
+        _SUITE16[key] = (kept, parts, skip.shape[1])
+    return _SUITE16[key]
+
+
+def walk_order(kept, n, walk, nkeep, nblk, Bm=80):
+    """The query tiles of key block n in walk order. asc: ascending (variant 16). glast / gfirst:
+    'global' tiles (kept by >= nblk / 2 key blocks) last / first, the others ascending. rot: start
+    at the key block's diagonal tile (n * 128 / Bm), wrap."""
+    t = kept[n]
+    if walk == "asc" or not t:
+        return list(t)
+    if walk in ("glast", "gfirst"):
+        glob = [m for m in t if nkeep[m] >= nblk // 2]
+        rest = [m for m in t if nkeep[m] < nblk // 2]
+        return rest + glob if walk == "glast" else glob + rest
+    if walk == "rot":
+        d = n * BN // Bm
+        return [m for m in t if m >= d] + [m for m in t if m < d]
+    raise ValueError(walk)
+
+
+def simulate16(mask, det, order="x", walk="asc", heads=16, T=3.27, Tp=3.5, s=0.4, Rr=0.4, Rc=2.4,
+               poll=0.8, wfix=0.4, pro=4.0, epi=3.0, sms=132, nbuf=1, Bm=80):
+    """Total time (us) of `heads` (kv head, batch) pairs, variant 16's CTA timeline (one dQ buffer:
+    tile k's dQ store waits until the writer is done with tile k-1). Deterministic writer per tile:
+    F_k = max(C_k, F_{k-1} + wfix, P + poll) + Rc, P = the bit time of the predecessor key block
+    on the tile; default: F_k = max(C_k, F_{k-1}) + Rr."""
+    kept, parts, mblk = suite_tiles(mask, S, Bm)
+    nblk = len(kept)
+    nkeep = [0] * mblk
+    for t in kept:
+        for m in t:
+            nkeep[m] += 1
+    # predecessor of n on m: the next higher keeper
+    pred = {}
+    last = {}
+    for n in range(nblk - 1, -1, -1):
+        for m in kept[n]:
+            if m in last:
+                pred[(n, m)] = last[m]
+            last[m] = n
+    walks = [walk_order(kept, n, walk, nkeep, nblk, Bm) for n in range(nblk)]
+    tt = [[Tp if m in parts[n] else T for m in w] for n, w in enumerate(walks)]
+    if order == "x":
+        items = [(nblk - 1 - x, h) for h in range(heads) for x in range(nblk)]
+    else:
+        G = int(order[1:])
+        items = []
+        for g0 in range(0, heads, G):
+            gs = min(G, heads - g0)
+            items += [(nblk - 1 - r // gs, g0 + r % gs) for r in range(nblk * gs)]
+    bit = [dict() for _ in range(heads)]
+    free = [0.0] * sms
+    end = 0.0
+    for n, h in items:
+        t0 = heapq.heappop(free)
+        w, Ts = walks[n], tt[n]
+        if not w:
+            te = t0 + 1.0
+            end = max(end, te)
+            heapq.heappush(free, te)
+            continue
+        bh = bit[h]
+        prevC = prevF = t0 + pro
+        Fs = []
+        for k, m in enumerate(w):
+            c = prevC + Ts[k]
+            if k >= nbuf:
+                c = max(c, Fs[k - nbuf] + s)
+            if det:
+                p = pred.get((n, m))
+                f = max(c, prevF + wfix, bh[(m, p)] + poll if p is not None else 0.0) + Rc
+                bh[(m, n)] = f
+            else:
+                f = max(c, prevF) + Rr
+            Fs.append(f)
+            prevC, prevF = c, f
+        te = max(prevC, prevF) + epi
+        end = max(end, te)
+        heapq.heappush(free, te)
+    return end
+
+
+def table16(masks, regimes, orders, walks, heads):
+    print(f"variant 16 model, {heads} pairs, 32K, 80-row tiles; deterministic / default time and "
+          "TFLOP/s = measured default / ratio")
+    for mk in masks:
+        dm, detm = MEASURED16.get(mk, (None, None))
+        for rn, cfg in regimes.items():
+            base = simulate16(mk, False, "x", "asc", heads, **cfg)
+            row = [f"{mk:22s} {rn:8s} meas {detm}/{dm}={detm / dm if dm else 0:.2f}"]
+            for o in orders:
+                for w in walks:
+                    t = simulate16(mk, True, o, w, heads, **cfg)
+                    r = base / t
+                    row.append(f"{o}/{w}:{r:.2f}({dm * r:.0f})" if dm else f"{o}/{w}:{r:.2f}")
+            print("  ".join(row), flush=True)
+
+
+def group19_stats(kept_lists, mblk):
+    """Inputs of variant 19's launch-group rule for one mask head (host twin of
+    bwd_det_group80_kernel): (kept tiles, live key blocks, co-starting key blocks, inverted tiles).
+    A live key block n 'co-starts' when its first kept tile is that of key block n + 1 (documents,
+    global rows); it is 'inverted' when it ends at the same last tile as key block n + 1 but keeps
+    fewer tiles: its walk reaches their common tail kept(n + 1) - kept(n) tiles earlier than the
+    key block that must add there before it (causal blockwise: the top key block of a document
+    below a longer one; the shared tail = the last document's rows)."""
+    nblk = len(kept_lists)
+    kept = live = co = inv = 0
+    for n in range(nblk):
+        t = kept_lists[n]
+        kept += len(t)
+        if not t:
+            continue
+        live += 1
+        if n + 1 < nblk:
+            u = kept_lists[n + 1]
+            f_next = u[0] if u else mblk
+            if t[0] == f_next:
+                co += 1
+            if u and t[-1] == u[-1] and len(t) < len(u):
+                inv += len(u) - len(t)
+    return kept, live, co, inv
+
+
+def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
+    """Variant 19's G (bwd_det_group80_kernel): co-starting chains (>= half of the live key
+    blocks: documents, global + window) -> G = clamp(mblk * items / kept, 1, cap) (variant 17's
+    rule); inverted tails worth >= 1/128 of the kept tiles (causal blockwise) -> G = cap; else 1."""
+    cap = max(1, min(cap, pairs))
+    if live == 0:
+        return 1
+    if 2 * co >= live:
+        g = cap if kept == 0 else mblk * items // kept
+        return max(1, min(g, cap))
+    if 128 * inv >= kept:
+        return cap
+    return 1
+
+
+def suite_group19(mask, pairs=128, Bm=80):
+    kept_lists, _, mblk = suite_tiles(mask, S, Bm)
+    k, l, c, i = group19_stats(kept_lists, mblk)
+    return auto_group19(k, l, c, i, len(kept_lists), mblk, pairs), (k, l, c, i)
 
 
 if __name__ == "__main__":

@@ -83,9 +83,15 @@ CONFIGS = {
     "v15_readfree": (15, "pipe_readfree", False, False),
     "v13": (13, "v5", False, True),
     "v17": (17, "pipe", False, True),
+    # variant 16: 13 with 80-row tiles and ONE dQ smem buffer (variant 5's writer); 19: 16 with the
+    # deterministic launch groups of bwd_det_group80_kernel (host twin Problem.auto_group19)
+    "v16": (16, "v5", False, True),
+    "v19": (19, "v5", False, True),
 }
+CONFIG_BM = {"v16": 80, "v19": 80}  # query tile rows (others: BM)
+CONFIG_DQBUFS = {"v16": 1, "v19": 1}  # fp32 dQ smem buffers (others: 2)
 # the kernels as they are (the protocol check runs these in every mode)
-KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17")
+KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19")
 
 
 class MBar:
@@ -170,6 +176,39 @@ class Problem:
                     first.append(m)
         return _det.auto_group(kept, first, self.nblk, self.mblk, self.K * self.B, cap)
 
+    def auto_group19(self, cap=DET_GROUP_PAIRS):
+        """Variant 19's launch group size: bwd_det_group80_kernel on this launch's block metadata
+        (kept / first / last kept tile per item at self.Bm rows; rule: bwd_det_model.auto_group19)."""
+        kept = live = co = inv = 0
+        for b in range(self.B):
+            for hm in range(self.Hm):
+                rows = []
+                for n in range(self.nblk):
+                    row = self.meta[b][hm][n]
+                    l1, h1 = self._inside(int(row[1]), int(row[2]))
+                    l2, h2 = self._inside(int(row[5]), int(row[6]))
+                    c1, c2 = max(h1 - l1 + 1, 0), max(h2 - l2 + 1, 0)
+                    c12 = max(min(h1, h2) - max(l1, l2) + 1, 0)
+                    k = max(self.mblk - (c1 + c2 - c12), 0)
+                    f, la = 0, self.mblk - 1
+                    for lo, hi in ((l1, h1), (l2, h2), (l1, h1)):
+                        if lo <= f <= hi:
+                            f = hi + 1
+                        if lo <= la <= hi:
+                            la = lo - 1
+                    rows.append((k, f, la))
+                for n, (k, f, la) in enumerate(rows):
+                    kept += k
+                    if k > 0:
+                        live += 1
+                        if n + 1 < self.nblk:
+                            ku, fu, lau = rows[n + 1]
+                            co += f == fu
+                            if ku > k and la == lau:
+                                inv += ku - k
+        return _det.auto_group19(kept, live, co, inv, self.B * self.Hm * self.nblk, self.mblk,
+                                 self.K * self.B, cap)
+
     def _inside(self, lo_key, hi_key):  # bwd_aux.cu sched_inside
         lo = (max(lo_key, 0) + self.Bm - 1) // self.Bm
         hi = self.mblk - 1 if hi_key >= self.Sq else max(hi_key, 0) // self.Bm - 1
@@ -192,10 +231,12 @@ class Problem:
 def grid_items(P: Problem, variant: int, det: bool, G: int | None = None):
     """(n, hk, b) per linear block index, as bwd_pp_item decodes it for the launch grid of
     launch_bwd_impl (1-D for variants 14 / 15 in deterministic mode, else (nblk, K, B))."""
-    if variant in (14, 15, 17) and det:
+    if variant in (14, 15, 17, 19) and det:
         pairs = P.K * P.B
         if variant == 17 and not (G and G > 0):
             G = P.auto_group()
+        if variant == 19 and not (G and G > 0):
+            G = P.auto_group19()
         G = max(1, min(pairs, G if G and G > 0 else DET_GROUP_PAIRS))
         return [_det.det_group_item(x, P.nblk, P.K, P.B, G) for x in range(P.nblk * P.K * P.B)]
     out = []
@@ -336,10 +377,12 @@ class Cta:
             nb.arrive(128)
             yield Wait(lambda nb=nb, g0=g0: nb.gen > g0, f"{name}: bar.sync 1 (dS of tile {t})")
             if self.sim.dq_bulk:
-                e = self.dq_empty[st]
-                yield Wait(lambda e=e, p=par: e.ready(p ^ 1),
-                           f"{name}: put_dq tile {t}: dq_empty[{st}] parity {par ^ 1}")
-                self.dq_full[st].arrive(128)
+                # dQ buffer and parity of tile t (variant 16 / 19: one buffer, parity t % 2)
+                qb, qp = (st, par) if self.sim.dqbufs == 2 else (0, t & 1)
+                e = self.dq_empty[qb]
+                yield Wait(lambda e=e, p=qp: e.ready(p ^ 1),
+                           f"{name}: put_dq tile {t}: dq_empty[{qb}] parity {qp ^ 1}")
+                self.dq_full[qb].arrive(128)
             self.empty[st].arrive(128)
             have, g, m = P.find_kept(b, hk, n, g, m + 1)  # the `last` flag of the tile info
             if not have:
@@ -381,7 +424,7 @@ class Cta:
             else:  # default mode
                 self.dq_empty[buf].arrive(1)
             buf += 1
-            if buf == 2:
+            if buf == sim.dqbufs:
                 buf, phase = 0, phase ^ 1
             k += 1
             have, g, m = P.find_kept(b, hk, n, g, m + 1)
@@ -395,6 +438,8 @@ class Sim:
     def __init__(self, P, config, det, dq_mode=1, resident=132, G=None, items=None):
         self.P, self.det = P, det
         self.variant, self.writer, self.split_last, self.lockstep = CONFIGS[config]
+        self.dqbufs = CONFIG_DQBUFS.get(config, 2)
+        assert P.Bm == CONFIG_BM.get(config, BM), (config, P.Bm)
         self.dq_bulk = dq_mode == 1
         self.resident = resident
         self.items = items if items is not None else grid_items(P, self.variant, det, G)
@@ -457,7 +502,8 @@ class Sim:
 
 def simulate(bounds, Sq, N, K, config, det, dq_mode=1, resident=132, G=None, items=None):
     """Runs kernel configuration `config` (CONFIGS) on one launch; see the module docstring."""
-    return Sim(Problem(bounds, Sq, N, K), config, det, dq_mode, resident, G, items).run()
+    return Sim(Problem(bounds, Sq, N, K, Bm=CONFIG_BM.get(config, BM)), config, det, dq_mode,
+               resident, G, items).run()
 
 
 # ----------------------------------------------------------------------------------------- cases

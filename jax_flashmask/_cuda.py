@@ -400,6 +400,15 @@ DEFAULT_BWD_DQ_MODE = 1
 #      Same per-tile order (descending key block) and products: every gradient bitwise variant
 #      13's = 5's, dQ in deterministic mode too; default mode = variant 13. JFM_BWD_DET_GROUP=G
 #      overrides G. Not a default (benchmarks/NOTES_bwd_det.md "Variant 17"; not yet run on a GPU).
+#  19: variant 16 (80-row query tiles; d = 128 only) with, in deterministic mode only, variant 14's
+#      interleaved launch groups, G chosen per launch on the device (bwd_aux.cu
+#      bwd_det_group80_kernel, at 80-row tiles): G = 1 (16's launch order) unless the key blocks'
+#      ordered dQ chains reach their shared tiles together (most key blocks start at the tile where
+#      the key block above starts: documents, global rows -> 17's G, at most 8) or in inverted
+#      order (a key block ending where the one above ends with a shorter walk, >= 1/128 of the kept
+#      tiles: causal blockwise -> 8). Walk, writer and per-tile order are 16's: every gradient
+#      bitwise variant 16's in deterministic mode; default mode = variant 16. JFM_BWD_DET_GROUP=G
+#      overrides G. Not a default (benchmarks/NOTES_detwalk.md; not yet run on a GPU).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -421,10 +430,10 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
-MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5, 17: 13}  # variant -> the variant it is bitwise equal to
+MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5, 17: 13, 19: 16}  # variant -> the variant it is bitwise equal to
 DET_GROUPS_BWD_VARIANT = 14  # variant 5 with interleaved launch groups in deterministic mode
 DET_PIPE_BWD_VARIANT = 15  # 14 with the pipelined deterministic dQ writer
 DET_GROUPS_BWD_VARIANTS = (DET_GROUPS_BWD_VARIANT, DET_PIPE_BWD_VARIANT)
@@ -432,7 +441,8 @@ DET_AUTO_BWD_VARIANT = 17  # 13 with 15's writer and launch groups sized on the 
 LOCKSTEP_BWD_VARIANTS = (12, 13, 17)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 # Variant 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (benchmarks/NOTES_bwd80.md); d = 128
 # only (ValueError at 64 and 256), Sq padded to a multiple of 80. The default at d = 128.
-BWD_ROWS80_VARIANTS = (16,)
+BWD_ROWS80_VARIANTS = (16, 19)
+DET_AUTO80_BWD_VARIANT = 19  # 16 with launch groups sized on the device (deterministic; 80-row rule)
 # The base variant: d = 256's nominal number (and the deterministic default at d = 128 until s7).
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
@@ -523,6 +533,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     workspaces padded to a multiple of 80 rows); dK / dV / dQ close to 13's, not bitwise.
     variant=17 (d = 128 only): variant 13 with 15's writer and launch groups sized per launch on
     the device in deterministic mode (bitwise variant 13's = 5's gradients).
+    variant=19 (d = 128 only): variant 16 with launch groups sized per launch on the device in
+    deterministic mode (documents, global rows, causal blockwise; bitwise variant 16's gradients).
     """
     mod, reason = _load()
     if mod is None:

@@ -274,7 +274,18 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19}
+    # 19: variant 16 with device-sized launch groups in deterministic mode; d = 128 only (80-row
+    # tiles, refused at 64 and 256 as 16), bitwise twin 16, not a default
+    assert _cuda.resolve_bwd_variant(19, 128) == 19 and _cuda._bwd_block_m(128, 19) == 80
+    for d in (64, 256):
+        with pytest.raises(ValueError, match="d = 128 only"):
+            _cuda.resolve_bwd_variant(19, d)
+    for d in (64, 128, 256):
+        assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != 19
+        assert _cuda.resolve_bwd_variant(None, d) != 19
+    assert _cuda.MASK_REGS_BWD_VARIANTS[19] == 16 and _cuda.DET_AUTO80_BWD_VARIANT == 19
+    assert 19 in _cuda.BWD_ROWS80_VARIANTS and 19 not in _cuda.LOCKSTEP_BWD_VARIANTS
     # 17: variant 13 with 15's writer and device-sized launch groups in deterministic mode; d = 128
     # only (lock-step consumers; 256: own kernel), not a default
     assert _cuda.resolve_bwd_variant(17, 128) == 17 and _cuda.resolve_bwd_variant(17, 256) == 17

@@ -176,3 +176,103 @@ def test_kernel_source_has_variant17():
     assert "BwdDetAuto<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>" in src
     aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
     assert "sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));" in aux
+
+
+# ------------------------------------------------------------------------------------ variant 19
+# Variant 16 (lock-step consumers, 80-row tiles, one dQ smem buffer, variant 5's serial writer)
+# with variant 14's launch groups in deterministic mode, G chosen on the device by
+# bwd_det_group80_kernel (host twins: bwd_det_protocol.Problem.auto_group19 and
+# bwd_det_model.auto_group19). benchmarks/NOTES_detwalk.md.
+
+
+def _blockwise(B, docs):
+    """causal_blockwise bounds [B, 1, 4, S] (jax_flashmask.masks, canonical, causal)."""
+    import numpy as np
+    from jax_flashmask.masks import canonical_bounds_np, causal_blockwise
+
+    m = causal_blockwise(docs, batch=B)
+    S = int(sum(docs))
+    return np.asarray(canonical_bounds_np(np.asarray(m.startend_row_indices, np.int32), causal=True,
+                                          q_len=S), np.int32)
+
+
+BLOCKWISE = (_blockwise(3, [700, 260, 900, 180, 1100, 460]), 3600, 3, 3)  # 9 pairs
+
+
+@pytest.mark.parametrize("resident", [1, 2, 132])
+def test_v19_never_deadlocks(resident):
+    """Variant 19 and 16 (one dQ buffer, 80-row tiles) end on every case in deterministic mode with
+    one, two or 132 resident CTAs, and on a causal-blockwise launch whose rule picks G = 8."""
+    for name, (b, Sq, N, K) in list(CASES.items()) + [("blockwise_groups", BLOCKWISE)]:
+        for cfg in ("v19", "v16"):
+            r = proto.simulate(b, Sq, N, K, cfg, True, 1, resident)
+            assert r["ok"], (name, cfg, resident, r.get("blocked", [])[:3])
+
+
+def test_v19_default_mode_is_variant16():
+    """In the default mode variant 19 is variant 16: the (nblk, K, B) grid, both dQ modes end."""
+    for name, (b, Sq, N, K) in (("det_bitwise_causal", CASES["det_bitwise_causal"]),
+                                ("v17_small_docs_groups", CASES["v17_small_docs_groups"]),
+                                ("blockwise_groups", BLOCKWISE)):
+        P = proto.Problem(b, Sq, N, K, Bm=80)
+        assert proto.grid_items(P, 19, False) == proto.grid_items(P, 16, False) == proto.grid_items(P, 5, False)
+        for mode in (1, 0):
+            assert proto.simulate(b, Sq, N, K, "v19", False, mode)["ok"], name
+
+
+def test_v19_group_rule():
+    """bwd_det_group80_kernel's rule (host twin) on the 32K suite at 80-row tiles: document 8,
+    global_sliding_window 7 (co-started chains: variant 17's rule), causal_blockwise 8 (inverted
+    tails: the top key block of a document ends on the last document's rows with a shorter walk
+    than the key block above it), every other mask 1 (variant 16's launch order)."""
+    got = {m: _model.suite_group19(m)[0] for m in _model.MEASURED16}
+    want = {m: 1 for m in _model.MEASURED16}
+    want.update(document=8, global_sliding_window=7, causal_blockwise=8)
+    assert got == want
+    # protocol twin == model twin on the blockwise case; the grouped grid is a bijection with every
+    # key block above an item (all it can wait for) at a lower grid position
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=80)
+    assert P.auto_group19() == 8 and P.K * P.B == 9
+    items = proto.grid_items(P, 19, True)
+    pos = {it: x for x, it in enumerate(items)}
+    assert len(pos) == len(items) == P.nblk * P.K * P.B
+    assert all(pos[(n + 1, hk, bb)] < x for (n, hk, bb), x in pos.items() if n + 1 < P.nblk)
+    for name in ("det_bitwise_causal", "det_bitwise_full", "det_groups_one_pair"):
+        P = proto.Problem(*CASES[name], Bm=80)
+        assert P.auto_group19() == 1, name
+        assert proto.grid_items(P, 19, True) == proto.grid_items(P, 16, True), name
+    # the arithmetic: (kept, live, co-starting, inverted tiles, items, mblk, pairs)
+    assert _model.auto_group19(100, 10, 4, 0, 10, 40, 16) == 1          # nothing
+    assert _model.auto_group19(100, 10, 5, 0, 10, 40, 16) == 4          # co-start: 40 * 10 / 100
+    assert _model.auto_group19(100, 10, 0, 1, 10, 40, 16) == 8          # inverted >= kept / 128
+    assert _model.auto_group19(200, 10, 0, 1, 10, 40, 16) == 1          # inverted < kept / 128
+    assert _model.auto_group19(100, 10, 0, 1, 10, 40, 3) == 3           # clamped to the pairs
+    assert _model.auto_group19(0, 0, 0, 0, 10, 40, 16) == 1             # nothing kept
+
+
+def test_v19_ascending_order_is_a_residency_deadlock():
+    """Mutation: variant 19's protocol with key blocks launched ascending deadlocks at 4 resident
+    CTAs, ends with all resident (the check sees the order)."""
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=80)
+    items = [(x, y, z) for z in range(P.B) for y in range(P.K) for x in range(P.nblk)]
+    r = proto.Sim(P, "v19", True, 1, 4, items=items).run()
+    assert not r["ok"] and r["kind"] == "residency", r
+    assert proto.Sim(P, "v19", True, 1, len(items), items=items).run()["ok"]
+
+
+def test_kernel_source_has_variant19():
+    """The kernel as simulated: BwdDetAuto80 sets kDetGroups / kDetAuto (not kDetPipe: variant 16's
+    serial writer) on variant 16's base, the launcher runs bwd_det_group80_sm90 for 80-row tiles,
+    variant 19 dispatches to it in the 80-row units, and the device rule has the model's threshold."""
+    src = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
+    assert re.search(r"struct BwdDetAuto80 : Base \{\s*static constexpr bool kDetGroups = true;\s*"
+                     r"static constexpr bool kDetAuto = true;[^\n]*\n\s*static_assert\(Base::kLockstep && "
+                     r"Base::kMaskRegs && Base::Bm == 80 && !Base::kDetPipe", src)
+    assert re.search(r"if constexpr \(T::Bm == 80\)[^\n]*\n\s*e = bwd_det_group80_sm90\(", src)
+    assert "if (p.variant == 19) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>" in src
+    aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
+    assert "else if (128ull * tot[3] >= tot[0])" in aux and "constexpr int kDetGroupRows80 = 80;" in aux
+    ffi = (ROOT / "cc" / "ffi" / "bwd_handler.cc").read_text()
+    assert "variant == 19" in ffi

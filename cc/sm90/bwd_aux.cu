@@ -392,7 +392,96 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group_kernel(
   }
 }
 
+// Variant 19 pre-pass (bwd_det_group80_sm90): variant 17's per-item counts at variant 16's 80-row
+// query tiles, plus the last kept tile (the mirror of det_first_kept: three jumps down over the two
+// skipped ranges; -1: none). A live key block is "inverted" when it ends on the last kept tile of
+// the key block above it but keeps fewer tiles: its walk (ascending) reaches their common tail
+// kept(n + 1) - kept(n) tiles earlier than the key block that adds there before it (causal
+// blockwise: the top key block of each document below a longer one, on the last document's rows).
+constexpr int kDetGroupRows80 = 80;
+
+__device__ __forceinline__ void det_skip80(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
+                                           int& h1, int& l2, int& h2) {
+  // tiles lying entirely inside [lo_key, hi_key) at 80 rows (sched_inside with Bm = 80)
+  const int lts_mx = mt[1 * nblk], lte_mn = mt[2 * nblk];
+  const int uts_mx = mt[5 * nblk], ute_mn = mt[6 * nblk];
+  l1 = (max(lts_mx, 0) + kDetGroupRows80 - 1) / kDetGroupRows80;
+  h1 = lte_mn >= Sq ? mblk - 1 : max(lte_mn, 0) / kDetGroupRows80 - 1;
+  l2 = (max(uts_mx, 0) + kDetGroupRows80 - 1) / kDetGroupRows80;
+  h2 = ute_mn >= Sq ? mblk - 1 : max(ute_mn, 0) / kDetGroupRows80 - 1;
+}
+
+__device__ __forceinline__ int det_last_kept(int l1, int h1, int l2, int h2, int mblk) {
+  int m = mblk - 1;
+  if (m >= l1 && m <= h1) m = l1 - 1;
+  if (m >= l2 && m <= h2) m = l2 - 1;
+  if (m >= l1 && m <= h1) m = l1 - 1;
+  return m;
+}
+
+__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
+    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
+    int Sq, int pairs, int max_group) {
+  // kept tiles, items keeping a tile, co-starting items, inverted tiles
+  __shared__ unsigned long long tot[4];
+  if (threadIdx.x < 4) tot[threadIdx.x] = 0ull;
+  __syncthreads();
+  const int64_t items = (int64_t)BH * nblk;
+  unsigned long long kept = 0ull, live = 0ull, costart = 0ull, inv = 0ull;
+  for (int bh = 0; bh < BH; ++bh) {
+    for (int n = threadIdx.x; n < nblk; n += kDetGroupThreads) {
+      const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
+      int l1, h1, l2, h2;
+      det_skip80(mt, nblk, Sq, mblk, l1, h1, l2, h2);
+      const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
+      const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
+      const int k = max(mblk - (c1 + c2 - c12), 0);
+      kept += (unsigned long long)k;
+      if (k > 0) {
+        ++live;
+        if (n + 1 < nblk) {
+          const int f = det_first_kept(l1, h1, l2, h2);
+          const int la = det_last_kept(l1, h1, l2, h2, mblk);
+          det_skip80(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
+          const int c1u = max(h1 - l1 + 1, 0), c2u = max(h2 - l2 + 1, 0);
+          const int c12u = max(min(h1, h2) - max(l1, l2) + 1, 0);
+          const int ku = max(mblk - (c1u + c2u - c12u), 0);
+          costart += f == det_first_kept(l1, h1, l2, h2) ? 1ull : 0ull;
+          if (ku > k && la == det_last_kept(l1, h1, l2, h2, mblk)) inv += (unsigned long long)(ku - k);
+        }
+      }
+    }
+  }
+  atomicAdd(&tot[0], kept);
+  atomicAdd(&tot[1], live);
+  atomicAdd(&tot[2], costart);
+  atomicAdd(&tot[3], inv);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int cap = max(1, min(max_group, pairs));
+    // co-starting chains (documents, global rows): variant 17's G; inverted tails worth at least
+    // 1/128 of the kept tiles (causal blockwise): G = cap; otherwise G = 1 (variant 16's order).
+    // Host twin: benchmarks/bwd_det_model.py auto_group19.
+    unsigned long long g = 1ull;
+    if (tot[1] > 0ull) {
+      if (2ull * tot[2] >= tot[1])
+        g = tot[0] == 0ull ? (unsigned long long)cap
+                           : (unsigned long long)mblk * (unsigned long long)items / tot[0];
+      else if (128ull * tot[3] >= tot[0])
+        g = (unsigned long long)cap;
+    }
+    sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
+  }
+}
+
 }  // namespace
+
+cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
+                                 int mblk, int Sq, int pairs, int max_group, cudaStream_t stream) {
+  bwd_det_group80_kernel<<<1, kDetGroupThreads, 0, stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
+                                                             pairs, max_group);
+  return cudaGetLastError();
+}
 
 cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                int mblk, int Sq, int pairs, int max_group, cudaStream_t stream) {
@@ -456,7 +545,7 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
-  if (p.variant == 16 && p.d == kRows80D) {  // 80-row tiles, transposed fragment order
+  if ((p.variant == 16 || p.variant == 19) && p.d == kRows80D) {  // 80-row tiles (16, 19)
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
     const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;

@@ -262,6 +262,26 @@ struct BwdDetAuto : Base {
   static_assert(Base::kLockstep && Base::kMaskRegs, "variant 17 = variant 13 + deterministic order / writer");
 };
 
+// Variant 19 (d = 128): variant 16 (BwdRows80: lock-step consumers, 80-row query tiles, one dQ
+// buffer, variant 5's serial deterministic writer) with, in deterministic mode only, variant 14's
+// interleaved launch groups of (kv head, batch) pairs, G chosen per launch on the device by
+// bwd_det_group80_sm90 (bwd_aux.cu) from the block metadata at 80-row tiles: G > 1 only for
+// chains whose key blocks reach their shared query tiles together (documents, global rows: the
+// key blocks start at the same tile) or in inverted order (causal blockwise: a document's top key
+// block ends on the last document's rows, shared with every key block, with a shorter walk than
+// the key block above it). Elsewhere G = 1: variant 16's launch order, walk and all. The walk
+// order and the per-tile summation order (descending key block) are 16's: every gradient bitwise
+// variant 16's in deterministic mode (dK / dV in both modes); in the default mode it is variant
+// 16, launch included. Deadlock-free as variant 14 (a CTA waits only for key blocks above it of
+// its own pair, at lower grid positions). benchmarks/NOTES_detwalk.md.
+template <class Base>
+struct BwdDetAuto80 : Base {
+  static constexpr bool kDetGroups = true;
+  static constexpr bool kDetAuto = true;  // G from sched[1] (bwd_det_group80_sm90); writer: 16's
+  static_assert(Base::kLockstep && Base::kMaskRegs && Base::Bm == 80 && !Base::kDetPipe,
+                "variant 19 = variant 16 + device-sized deterministic launch groups");
+};
+
 struct BwdArgs {
   const int32_t* bounds;
   const int32_t* meta;
@@ -1693,8 +1713,12 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
           }
           a.det_group = 0;
           a.sched = p.meta + meta_elems;
-          e = bwd_det_group_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
-                                 kDetGroupPairs, stream);
+          if constexpr (T::Bm == 80)  // variant 19: 80-row tiles, its own rule
+            e = bwd_det_group80_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
+                                     kDetGroupPairs, stream);
+          else
+            e = bwd_det_group_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
+                                   kDetGroupPairs, stream);
           if (e != cudaSuccess) return e;
         }
       }
@@ -1758,23 +1782,24 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 16) {
-    // compiled in its own translation units (inst/bwd_*_d128_r80.cu)
+  if (p.variant == 16 || p.variant == 19) {
+    // compiled in their own translation units (inst/bwd_*_d128_r80.cu)
     if constexpr (D == 128) {
       return launch_bwd_rows80<Elem>(p, stream, err);
     } else {
-      if (err) *err = "flashmask sm90 backward: kernel variant 16 (80-row query tiles) is d = 128 only";
+      if (err) *err = "flashmask sm90 backward: kernel variants 16 / 19 (80-row query tiles) are d = 128 only";
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16 or 17";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17 or 19";
   return cudaErrorInvalidValue;
 }
 
 #ifdef JFM_BWD_ROWS80_INST
-// Variant 16 (BwdRows80), defined only in inst/bwd_*_d128_r80.cu.
+// Variants 16 (BwdRows80) and 19 (BwdDetAuto80), defined only in inst/bwd_*_d128_r80.cu.
 template <class Elem>
 cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err) {
+  if (p.variant == 19) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>(p, stream, err);
   return launch_bwd_impl<BwdRows80<Elem, 128>>(p, stream, err);
 }
 #endif

@@ -87,6 +87,8 @@ struct BwdParams {
                         // Sq_pad, dq_sem and the tile count at 80 rows; bwd_kernel.cuh BwdRows80)
                         // 17: 13 with 15's writer and 14's launch groups, G chosen per launch
                         // on the device (d = 128 only; BwdDetAuto, bwd_det_group_sm90)
+                        // 19: 16 with 14's launch groups in deterministic mode, G chosen per
+                        // launch on the device (d = 128 only; BwdDetAuto80, bwd_det_group80_sm90)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

@@ -1421,3 +1421,114 @@ def test_det_auto_d64_refused():
     with pytest.raises(ValueError, match="d = 128 only"):
         _bwd(q, k, v, b, q, jnp.zeros((1, 128, 2), jnp.float32), do, None, scale=0.1,
              deterministic=True, variant=DET_AUTO)
+
+
+# --------------------------------------------------------------------------- variant 19
+
+DET_AUTO80 = getattr(_cuda, "DET_AUTO80_BWD_VARIANT", None)
+
+
+def _need_det_auto80():
+    if DET_AUTO80 is None or DET_AUTO80 not in VARIANTS or 16 not in VARIANTS:
+        pytest.skip("variants 19 and 16 not both under test")
+    _need(jnp.bfloat16, 128)
+
+
+def _host_group19(b, Sq, N, K):
+    """Variant 19's launch group size for this launch: the host twin of bwd_det_group80_kernel
+    (benchmarks/bwd_det_protocol.py Problem.auto_group19, 80-row tiles)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_det_protocol.py"
+    spec = importlib.util.spec_from_file_location("bwd_det_protocol", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Problem(np.asarray(b), Sq, N, K, Bm=80).auto_group19()
+
+
+def _det_auto80_case(case, seed):
+    """(rng, dims, masks) of variant 19's tests: "groups" = document, global_sliding_window and
+    causal_blockwise at 4096 with 3 x 3 = 9 pairs (the rule's G > 1 on each: two launch groups),
+    plus full / causal (G = 1); "random_masks" = random bounds with 9 pairs; the launch-order
+    cases of variants 14 / 15 / 17 otherwise (_det_order_case)."""
+    if case == "groups":
+        rng = np.random.default_rng(seed)
+        B, S, N, K = 3, 4096, 3, 3
+        suite = _suite(S, 0, B)
+        names = ("document", "global_sliding_window", "causal_blockwise", "full", "causal")
+        bs = [np.broadcast_to(suite[m], (B, 1, 4, S)).copy() for m in names]
+        assert [_host_group19(b, S, N, K) for b in bs] == [3, 4, 8, 1, 1]
+        return rng, (B, S, S, N, K), bs
+    if case == "random_masks":
+        rng = np.random.default_rng(seed)
+        B, Sq, Sk, N, K = 3, 1000, 1100, 3, 3
+        return rng, (B, Sq, Sk, N, K), [random_bounds(rng, B, N, Sq, Sk), random_bounds(rng, B, 1, Sq, Sk, p_unmasked=0.7)]
+    return _det_order_case(case, seed)
+
+
+@pytest.mark.parametrize("case", ["groups", "suite", "random_masks", "small_docs_groups", "doc_many_pairs",
+                                  "random_gqa_ragged", "one_pair", "empty_items", "many_words"])
+def test_det_auto80_bitwise_equals_variant16(case):
+    """Variant 19 = variant 16 + variant 14's launch groups sized on the device from the block
+    metadata at 80-row tiles (bwd_det_group80_kernel) in deterministic mode. The walk, the writer
+    and the per-tile dQ order (descending key block) are 16's, only the launch order moves: dK/dV
+    bitwise variant 16's in both modes, dQ too in deterministic mode (default mode: 16's launch,
+    dQ within fp32 order), and deterministic runs repeated are bitwise equal. Cases: document,
+    global_sliding_window and causal_blockwise with 9 pairs (G = 3 / 4 / 8: two or more launch
+    groups, the last one short) next to full / causal (G = 1); the twelve benchmark masks; random
+    masks with 9 pairs; many short documents with 9 pairs; documents with 40 key blocks; GQA 8 / 2
+    with ragged Sq / Sk and a mask head per query head; one pair; key blocks that keep no tile;
+    36 key blocks (two ordering-bit words per tile)."""
+    _need_det_auto80()
+    rng, dims, bs = _det_auto80_case(case, 53)
+    _, per_mask = _per_mask_args(rng, dims, bs, 128)
+    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DET_AUTO80))
+    for i, args in enumerate(per_mask):
+        label = f"variant {DET_AUTO80} case={case} mask {i}"
+        _assert_bitwise_like_v5(args, dict(variant=DET_AUTO80), label, base=16)
+        first = det(*args)
+        for r in range(1, 3):
+            _assert_same_bits(first, det(*args), f"{label} (run {r + 1})")
+
+
+@pytest.mark.parametrize("case", ["document", "global_sliding_window", "causal_blockwise", "full",
+                                  "random_gqa", "small_docs_ragged"])
+def test_det_auto80_reference(case):
+    """Variant 19 deterministic against the float64 reference (the tolerances of _check) and
+    bitwise repeatable with other work in between (G > 1: the document / window / blockwise
+    masks and the ragged small documents; G = 1: full, random GQA)."""
+    _need_det_auto80()
+    _check_det_reference(DET_AUTO80, case)
+
+
+@pytest.mark.parametrize("mask", ["document", "global_sliding_window", "causal_blockwise", "full"])
+def test_det_auto80_large_repeatable(mask):
+    """Many-CTA launches (8K, B = 2, 8 query / 4 kv heads: 8 pairs, 512 CTAs, several waves on 132
+    SMs): three deterministic runs of variant 19 bitwise equal to each other and to variant 16's."""
+    _need_det_auto80()
+    rng = np.random.default_rng(5)
+    B, S, N, K = 2, 8192, 8, 4
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    b = np.broadcast_to(_suite(S, 0, B)[mask], (B, 1, 4, S)).copy()
+    assert (_host_group19(b, S, N, K) > 1) == (mask != "full")
+    bj = jnp.asarray(b)
+    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
+                static_argnames="variant")
+    rs = [f(q, k, v, bj, out, lse, do, variant=DET_AUTO80) for _ in range(3)]
+    r16 = f(q, k, v, bj, out, lse, do, variant=16)
+    for r in rs[1:] + [r16]:
+        _assert_same_bits(rs[0], r, f"variant 19 large {mask}")
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_det_auto80_other_head_dims_refused(d):
+    """Variant 19 has 80-row tiles: d = 128 only (ValueError at 64 and 256, before any launch)."""
+    if DET_AUTO80 is None or DET_AUTO80 not in VARIANTS:
+        pytest.skip("variant 19 not under test")
+    rng = np.random.default_rng(0)
+    q, k, v, do = _inputs(rng, 1, 128, 128, 2, 1, d, jnp.bfloat16)
+    b = jnp.asarray(causal_bounds(1, 1, 128, 128))
+    with pytest.raises(ValueError, match="d = 128 only"):
+        _bwd(q, k, v, b, q, jnp.zeros((1, 128, 2), jnp.float32), do, None, scale=0.1,
+             deterministic=True, variant=DET_AUTO80)

@@ -1,4 +1,4 @@
-// Backward variant 16 (80-row query tiles, d = 128), bf16: its own translation unit.
+// Backward variants 16 and 19 (80-row query tiles, d = 128), bf16: its own translation unit.
 #define JFM_BWD_ROWS80_INST
 // the 64 x 80 wgmma shapes (N = 80: S^T / dP^T / dQ^T) are CuTe's "extended" shapes; only this
 // translation unit enables them (the selectors of the other kernels' shapes are unchanged)
