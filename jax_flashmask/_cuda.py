@@ -408,7 +408,7 @@ DEFAULT_BWD_DQ_MODE = 1
 #      order (a key block ending where the one above ends with a shorter walk, >= 1/128 of the kept
 #      tiles: causal blockwise -> 8). Walk, writer and per-tile order are 16's: every gradient
 #      bitwise variant 16's in deterministic mode; default mode = variant 16. JFM_BWD_DET_GROUP=G
-#      overrides G. Not a default (benchmarks/NOTES_detwalk.md; not yet run on a GPU).
+#      overrides G. The deterministic default at d = 128 since s9 (benchmarks/NOTES_detwalk.md).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -424,7 +424,8 @@ DEFAULT_BWD_DQ_MODE = 1
 # sm_margin (SMs left free, e.g. for NCCL under context parallelism) applies to variant 6 only;
 # variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
-# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 16 at d = 128, (nominal) 5 at 256.
+# at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 16 at d = 128, (nominal) 5 at 256
+# (deterministic: DEFAULT_DET_BWD_VARIANTS, 19 at d = 128).
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
@@ -462,14 +463,12 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
 # sliding_window 405 -> 414, causal_document 409 -> 421, share_question 363 -> 369; dK/dV bitwise
 # 13; 79 GPU tests passed, memcheck / synccheck 0 errors, racecheck 0 hazards).
 DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
-# Deterministic mode at d = 128: variant 16 as well (H200 s7 runs 5-6, 32K, deterministic 16 / 17 /
-# 5: full 455 / 469 / 420, causal 470 / 471 / 438, document 385 / 415 / 334, sliding_window 387 /
-# 381 / 359, causal_document 389 / 318 / 351, share_question 330 / 292 / 289, prefix_lm_document
-# 382 / 307 / 347 TFLOP/s): 17 (13's body, 15's pipelined writer, device-sized launch groups) is
-# 3-8 % ahead on full and document but 18-25 % behind on the short-document masks, where its
-# group rule picks G = 1 (G = 4 measured 376 on causal_document). 16's worst case against its own
-# default mode is document (0.80); 17's is prefix_lm_document (0.67). Before: 5 (s1-s6). So the
-# default no longer depends on `deterministic` (resolve_bwd_variant keeps the argument).
+# Deterministic mode: DEFAULT_DET_BWD_VARIANTS. At d = 128 variant 19 = 16 with launch groups sized
+# on the device (bitwise 16's gradients; H200 s9 run 2, 32K, deterministic 16 -> 19, two alternated
+# runs: document 395 -> 422, global_sliding_window 362 -> 415, causal_blockwise 312 -> 398 TFLOP/s,
+# the other nine masks equal within 1 %; 80 GPU tests passed, memcheck 0 errors, racecheck 0
+# hazards). Before: 16 (s7-s8; 17 lost 18-25 % on short documents), 5 (s1-s6).
+DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DET_AUTO80_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
@@ -477,14 +476,16 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
                         deterministic: bool = False) -> int:
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
-    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256) in both modes
-    (`deterministic` does not change the default today). ValueError for a variant that is not
-    compiled, or not for `head_dim`. Needs neither the extension nor a GPU."""
+    DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256), or with
+    `deterministic` DEFAULT_DET_BWD_VARIANTS[head_dim] (19 at d = 128: 16's gradients bit for bit).
+    ValueError for a variant that is not compiled, or not for `head_dim`. Needs neither the
+    extension nor a GPU."""
     head_dim = int(head_dim)
     if variant is None:
         if int(sm_margin) > 0:
             return PERSISTENT_BWD_VARIANT
-        return DEFAULT_BWD_VARIANTS.get(head_dim, DEFAULT_BWD_VARIANT)
+        table = DEFAULT_DET_BWD_VARIANTS if deterministic else DEFAULT_BWD_VARIANTS
+        return table.get(head_dim, DEFAULT_BWD_VARIANT)
     variant = int(variant)
     if variant not in BWD_VARIANTS:
         raise ValueError(f"unknown backward kernel variant {variant}; valid: "
@@ -519,7 +520,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 16 at d = 128 (resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 16 at d = 128 (19 with
+    deterministic=True: 16's gradients, launch groups sized on the device; resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with

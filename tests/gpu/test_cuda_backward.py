@@ -549,8 +549,9 @@ def test_rows128_variant_d_check_and_workspace():
 
 def test_default_variant_per_head_dim():
     """variant=None runs variant 11 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 16 at d = 128 (in
-    deterministic mode too; _cuda.resolve_bwd_variant, checked without a GPU in tests/test_attention.py)."""
+    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 16 at d = 128 (19 in
+    deterministic mode: bitwise 16's gradients; _cuda.resolve_bwd_variant, checked without a GPU in
+    tests/test_attention.py)."""
     import re
     _need(jnp.bfloat16, 64)
     rng = np.random.default_rng(5)
@@ -573,7 +574,10 @@ def test_default_variant_per_head_dim():
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
     assert re.search(r"variant = 16\b", hlo(det=False))  # 80-row query tiles
-    assert re.search(r"variant = 16\b", hlo())  # deterministic mode: the same kernel
+    assert re.search(r"variant = 19\b", hlo())  # deterministic mode: 16 + sized launch groups
+    r_none, r16 = (_bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=vv)
+                   for vv in (None, 16))
+    _assert_same_bits(r_none, r16, "deterministic variant=None (19) vs 16 at d = 128")
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
