@@ -115,13 +115,21 @@ LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key colu
 # d = 64 from 32K keys on: 17 (12 + 11's walk and mask bits; s7 run 5, 32K, 11 / 12 / 17, cuDNN:
 # full 419 / 449 / 479, 457; causal 410 / 445 / 462, 444; sliding_window 350 / 326 / 363, 364;
 # causal_document 334 / 318 / 353; document 378 / 378 / 411; prefix_lm_causal 411 / 454 / 467;
-# qk_sparse 404 / 435 / 463; share_question 295 / 241 / 290). Below 32K keys 17 is not measured
-# (its group walk is off under 3 groups of 32 key blocks) and 12 / 11 stay.
+# qk_sparse 404 / 435 / 463; share_question 295 / 241 / 290). Until session 10, 12 / 11 below 32K
+# keys and 3 for d = 256 general masks there (17 / 11 had not been timed at 8K).
+# Since session 10 (H200 run 5 / 6, 8K, kernel_timing.py): 17 at d = 64 below 32K keys too (full
+# 444 / 471 / 407 for 12 / 17 / 11, cuDNN 451; causal 407 / 434 / 385, cuDNN 437; general masks 11
+# -> 17: document 352 -> 406, causal_blockwise 365 -> 410, prefix_lm_causal 395 -> 445, qk_sparse
+# 376 -> 422, seven of ten up 6-15 %, share_question / global_sliding_window equal, sliding_window
+# 243 -> 231), and 11 at d = 256 for general masks below 32K too (3 -> 11: sliding_window 395 ->
+# 420, random_eviction 494 -> 536, five more up 1-3 %; causal_document / prefix_lm_causal 1-2.5 %
+# down). Under 8K keys neither is measured.
 DEFAULT_VARIANTS = {
-    64: {"full": (12, WG3_MASK_BITS_VARIANT), "causal": (12, WG3_MASK_BITS_VARIANT),
-         "general": (MASK_BITS_GS_VARIANT, WG3_MASK_BITS_VARIANT)},
+    64: {"full": (WG3_MASK_BITS_VARIANT, WG3_MASK_BITS_VARIANT),
+         "causal": (WG3_MASK_BITS_VARIANT, WG3_MASK_BITS_VARIANT),
+         "general": (WG3_MASK_BITS_VARIANT, WG3_MASK_BITS_VARIANT)},
     128: {"full": (11, 11), "causal": (11, 11), "general": (11, 11)},
-    256: {"full": (13, 13), "causal": (15, 15), "general": (DEFAULT_VARIANT, MASK_BITS_GS_VARIANT)},
+    256: {"full": (13, 13), "causal": (15, 15), "general": (MASK_BITS_GS_VARIANT, MASK_BITS_GS_VARIANT)},
 }
 STRUCTURES = ("full", "causal", "general")
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py

@@ -336,10 +336,11 @@ def test_cuda_kernel_variant_resolution():
     # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
     assert _cuda.resolve_variant(None) == 11
     assert _cuda.resolve_variant(None, 16384) == 11 and _cuda.resolve_variant(None, 32768) == 11
-    assert [_cuda.resolve_variant(None, 8192, 64, s) for s in _cuda.STRUCTURES] == [12, 12, 11]
+    assert [_cuda.resolve_variant(None, 8192, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]
     assert [_cuda.resolve_variant(None, 32768, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]
     assert [_cuda.resolve_variant(None, 32768, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 11]
-    assert _cuda.resolve_variant(None, 8192, 256) == 3 and _cuda.resolve_variant(None, 8192, 128, "full") == 11
+    assert [_cuda.resolve_variant(None, 8192, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 11]
+    assert _cuda.resolve_variant(None, 8192, 128, "full") == 11
     for d, table in _cuda.DEFAULT_VARIANTS.items():  # every default is compiled for its head dim
         assert all(_cuda.variant_supported(v, jnp.bfloat16, d) for pair in table.values() for v in pair)
     with pytest.raises(ValueError, match="structure must be one of"):
