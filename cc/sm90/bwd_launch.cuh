@@ -7,8 +7,8 @@
 namespace jfm::sm90 {
 template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err);
-// Variant 16 (d = 128, 80-row query tiles: bwd_kernel.cuh BwdRows80), instantiated in
-// inst/bwd_*_d128_r80.cu; launch_bwd<Elem, 128> forwards p.variant == 16 here.
+// Variants 16 and 19 (d = 128, 80-row query tiles: bwd_kernel.cuh BwdRows80), instantiated in
+// inst/bwd_*_d128_r80.cu; launch_bwd<Elem, 128> forwards p.variant == 16 or 19 here.
 template <class Elem>
 cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err);
 // Head dim 256 (bwd_d256_kernel.cuh, instantiated in inst/bwd_*_d256.cu): one kernel for every
