@@ -153,6 +153,14 @@ def _load():
             reason = f"the CUDA extension jax_flashmask._flashmask_cuda is not built or not loadable ({e})"
         if mod is not None:
             try:
+                # Start the backends first: a registration for a platform whose plugin has not
+                # started is queued and applied when it starts, where a failure (e.g. handlers
+                # built against a newer XLA FFI API than this jaxlib's) is only logged and every
+                # call fails later with "No FFI handler registered". Registered now, it raises.
+                jax.devices()
+            except Exception:  # noqa: BLE001 - no backend can start: the registration stays queued
+                pass
+            try:
                 for name, capsule in mod.registrations().items():
                     jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
             except Exception as e:  # noqa: BLE001 - report, do not crash the import

@@ -245,6 +245,34 @@ def test_cuda_request_without_gpu_is_clear():
         jf.attention(q, k, v, implementation="cuda")
 
 
+def test_cuda_registration_failure_is_reported(monkeypatch):
+    """_cuda._load starts the backends before registering the FFI targets, so that a registration
+    the platform rejects (handlers built against another XLA FFI API) raises there and is
+    reported by unavailable_reason, instead of being queued, logged at plugin start and failing
+    every call later. Checked with a stand-in extension module and a rejecting register."""
+    import types
+    from jax_flashmask import _cuda
+
+    calls = []
+    fake = types.ModuleType("jax_flashmask._flashmask_cuda")
+    fake.registrations = lambda: {"jfm_target": object()}
+
+    def reject(name, capsule, platform):
+        calls.append(("register", name, platform))
+        raise RuntimeError("handler's API version (0.5) is incompatible")
+
+    real_devices = jax.devices
+    monkeypatch.setitem(sys.modules, "jax_flashmask._flashmask_cuda", fake)
+    monkeypatch.setattr(jf, "_flashmask_cuda", fake, raising=False)  # an extension imported before
+    monkeypatch.setattr(jax, "devices", lambda *a: calls.append(("devices",)) or real_devices(*a))
+    monkeypatch.setattr(jax.ffi, "register_ffi_target", reject)
+    monkeypatch.setattr(_cuda, "_state", {})
+    assert not _cuda.is_available()
+    assert "registering the FFI targets failed" in _cuda.unavailable_reason()
+    assert "API version" in _cuda.unavailable_reason()
+    assert calls[:2] == [("devices",), ("register", "jfm_target", "CUDA")]
+
+
 def test_cuda_unsupported_options_are_named():
     """The kernel's limits are checked in Python (no GPU needed), before anything is lowered."""
     from jax_flashmask import _cuda
