@@ -57,7 +57,7 @@ _META_BLOCK = 64  # smallest key block of any compiled config: sizes the metadat
 # The persistent variants (3, 5, 6, 7, 10-15, 17, 18) launch num_SMs - sm_margin CTAs (`forward(..., sm_margin=)`).
 # History of the default (today's: DEFAULT_VARIANTS below): 3 from run 6 (run B, H200 2026-11-30:
 # 8K full 593, causal 567, sliding_window 364, document 533, random_eviction 430 TFLOP/s;
-# benchmarks/NOTES.md, forward run B); then variant 7 (the group walk) from LONG_KEYS keys on,
+# benchmarks/NOTES.md, forward run B); then variant 7 (the group walk) from 32K keys on,
 # H200 2026-12-01, d = 128, bit-identical to 3, v3 -> v7 in one interleaved run (`--variants 3 7 3 7`, s5 runs 6-7, with the
 # walk's merged first step): 128K sliding_window 538 -> 578, causal_document 526 -> 568,
 # share_question 441 -> 541, prefix_lm_document 531 -> 568, full 616 -> 616; 32K sliding_window
@@ -99,9 +99,8 @@ VARIANTS = (2, 3, 4, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_V
 PERSISTENT_VARIANTS = (3, 5, 6, GROUP_SCAN_VARIANT, MASK_BITS_VARIANT, MASK_BITS_GS_VARIANT, 12, 13, 14, 15,
                        WG3_MASK_BITS_VARIANT, BN80_MASK_BITS_VARIANT)
 DEFAULT_VARIANT = 3
-LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key column of DEFAULT_VARIANTS
-# variant=None: DEFAULT_VARIANTS[head_dim][structure] = (variant below LONG_KEYS keys, from LONG_KEYS
-# on). structure: "full" / "causal" when attention() got no mask vectors (the mask is known to be
+# variant=None: DEFAULT_VARIANTS[head_dim][structure], at every key count (until session 10 the
+# table had a second column, from 32K keys on; the measurements below name both). structure: "full" / "causal" when attention() got no mask vectors (the mask is known to be
 # dense up to the causal edge), "general" otherwise. H200 session 6 run 2 (kernel_timing.py, 8K
 # and 32K, TFLOP/s): d = 64 full / causal variant 12 (three consumer warpgroups) 454 / 447 at 32K
 # against 3's 425 / 412 (cuDNN 461 / 448), but 12 loses on bands (sliding_window 310 vs 11's 354);
@@ -123,13 +122,11 @@ LONG_KEYS = 32768  # from this many keys on, variant=None runs the long-key colu
 # 376 -> 422, seven of ten up 6-15 %, share_question / global_sliding_window equal, sliding_window
 # 243 -> 231), and 11 at d = 256 for general masks below 32K too (3 -> 11: sliding_window 395 ->
 # 420, random_eviction 494 -> 536, five more up 1-3 %; causal_document / prefix_lm_causal 1-2.5 %
-# down). Under 8K keys neither is measured.
+# down), so no default depends on the key count any more. Under 8K keys neither is measured.
 DEFAULT_VARIANTS = {
-    64: {"full": (WG3_MASK_BITS_VARIANT, WG3_MASK_BITS_VARIANT),
-         "causal": (WG3_MASK_BITS_VARIANT, WG3_MASK_BITS_VARIANT),
-         "general": (WG3_MASK_BITS_VARIANT, WG3_MASK_BITS_VARIANT)},
-    128: {"full": (11, 11), "causal": (11, 11), "general": (11, 11)},
-    256: {"full": (13, 13), "causal": (15, 15), "general": (MASK_BITS_GS_VARIANT, MASK_BITS_GS_VARIANT)},
+    64: {"full": WG3_MASK_BITS_VARIANT, "causal": WG3_MASK_BITS_VARIANT, "general": WG3_MASK_BITS_VARIANT},
+    128: {"full": 11, "causal": 11, "general": 11},
+    256: {"full": 13, "causal": 15, "general": MASK_BITS_GS_VARIANT},
 }
 STRUCTURES = ("full", "causal", "general")
 TESTED_VARIANTS = (2, 3, 4, 6, GROUP_SCAN_VARIANT)  # run on every case of tests/gpu/test_cuda_forward.py
@@ -255,16 +252,14 @@ def check_variant_head_dim(variant: int, head_dim: int) -> None:
                          f"got d = {head_dim}; use variant 3 (the default) or None")
 
 
-def resolve_variant(variant: int | None, num_keys: int = 0, head_dim: int = 128,
-                    structure: str = "general") -> int:
-    """The forward kernel variant `forward(..., variant=variant)` runs on `num_keys` keys of
-    `head_dim` for a mask of `structure` (None: DEFAULT_VARIANTS; see there); ValueError for one
-    that is not compiled. Needs neither the extension nor a GPU."""
+def resolve_variant(variant: int | None, head_dim: int = 128, structure: str = "general") -> int:
+    """The forward kernel variant `forward(..., variant=variant)` runs at `head_dim` for a mask of
+    `structure` (None: DEFAULT_VARIANTS; see there); ValueError for one that is not compiled.
+    Needs neither the extension nor a GPU."""
     if structure not in STRUCTURES:
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     if variant is None:
-        short, long = DEFAULT_VARIANTS.get(int(head_dim), DEFAULT_VARIANTS[128])[structure]
-        return long if int(num_keys) >= LONG_KEYS else short
+        return DEFAULT_VARIANTS.get(int(head_dim), DEFAULT_VARIANTS[128])[structure]
     if int(variant) not in VARIANTS:
         raise ValueError(f"unknown forward kernel variant {variant}; valid: "
                          f"{', '.join(map(str, VARIANTS))}, or None (the default for the head dim)")
@@ -291,7 +286,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
-    variant = resolve_variant(variant, Sk, d, structure)
+    variant = resolve_variant(variant, d, structure)
     check_variant_head_dim(variant, d)
     bounds = bounds.astype(jnp.int32)
     nblk = -(-Sk // _META_BLOCK)

@@ -363,17 +363,14 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.MASK_REGS_BWD_VARIANTS[det128] == _cuda.resolve_bwd_variant(None, 128)
     # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
     assert _cuda.resolve_variant(None) == 11
-    assert _cuda.resolve_variant(None, 16384) == 11 and _cuda.resolve_variant(None, 32768) == 11
-    assert [_cuda.resolve_variant(None, 8192, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]
-    assert [_cuda.resolve_variant(None, 32768, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]
-    assert [_cuda.resolve_variant(None, 32768, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 11]
-    assert [_cuda.resolve_variant(None, 8192, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 11]
-    assert _cuda.resolve_variant(None, 8192, 128, "full") == 11
+    assert [_cuda.resolve_variant(None, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]
+    assert [_cuda.resolve_variant(None, 256, s) for s in _cuda.STRUCTURES] == [13, 15, 11]
+    assert [_cuda.resolve_variant(None, 128, s) for s in _cuda.STRUCTURES] == [11, 11, 11]
     for d, table in _cuda.DEFAULT_VARIANTS.items():  # every default is compiled for its head dim
-        assert all(_cuda.variant_supported(v, jnp.bfloat16, d) for pair in table.values() for v in pair)
+        assert all(_cuda.variant_supported(v, jnp.bfloat16, d) for v in table.values())
     with pytest.raises(ValueError, match="structure must be one of"):
-        _cuda.resolve_variant(None, 8192, 128, "dense")
-    assert _cuda.resolve_variant(3, 131072) == 3
+        _cuda.resolve_variant(None, 128, "dense")
+    assert _cuda.resolve_variant(3) == 3
     assert _cuda.resolve_variant(6) == 6
     assert _cuda.resolve_variant(7) == 7  # the two-level block walk (the number of a removed one reused)
     for d in (64, 128, 256):
@@ -382,17 +379,17 @@ def test_cuda_kernel_variant_resolution():
     # every default runs on the persistent grid, so a context-parallel sm_margin is always honoured
     assert set(_cuda.PERSISTENT_VARIANTS) == {3, 5, 6, 7, 10, 11, 12, 13, 14, 15, 17, 18} <= set(_cuda.VARIANTS)
     for d, table in _cuda.DEFAULT_VARIANTS.items():
-        assert {v for pair in table.values() for v in pair} <= set(_cuda.PERSISTENT_VARIANTS), d
+        assert set(table.values()) <= set(_cuda.PERSISTENT_VARIANTS), d
     # 10: variant 3 with the partial blocks' element mask as bit words (not a default, not in
     # TESTED_VARIANTS: tests/gpu selects it through JFM_TEST_VARIANTS and test_mask_bits_bit_identical)
     assert _cuda.resolve_variant(10) == 10 and _cuda.MASK_BITS_VARIANT == 10
-    assert _cuda.resolve_variant(None, 8192) == 11 and _cuda.resolve_variant(None, 131072) == 11
+    assert _cuda.resolve_variant(None) == 11
     for d in (64, 128, 256):
         assert _cuda.variant_supported(10, jnp.bfloat16, d)
     assert 10 not in _cuda.TESTED_VARIANTS and 11 not in _cuda.TESTED_VARIANTS
     assert _cuda.resolve_variant(11) == 11 and 11 in _cuda.GROUP_META_VARIANTS  # 7 + 10's mask
     # 17 / 18: 12 / 13 with 11's walk and mask bits, d = 64 / 256 only, group metadata (17: the
-    # d = 64 default from 32K keys on)
+    # d = 64 default)
     for var, d in ((17, 64), (18, 256)):
         assert _cuda.resolve_variant(var) == var and var in _cuda.GROUP_META_VARIANTS
         assert [_cuda.variant_supported(var, jnp.bfloat16, dd) for dd in (64, 128, 256)] == [
