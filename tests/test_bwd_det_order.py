@@ -276,3 +276,78 @@ def test_kernel_source_has_variant19():
     assert "else if (128ull * tot[3] >= tot[0])" in aux and "constexpr int kDetGroupRows80 = 80;" in aux
     ffi = (ROOT / "cc" / "ffi" / "bwd_handler.cc").read_text()
     assert "variant == 19" in ffi
+
+
+# ---------------------------------------------------------------- variant 20 (tail-first walk)
+
+def test_v20_walk_is_a_reordering_of_the_kept_tiles():
+    """bwd_walk's tail-first order (host twin Problem.walk) visits exactly the tiles the ascending
+    walk visits, each once, head by head; on the causal-blockwise launch the key blocks of every
+    document but the last start on the last document's rows (the run after their last skipped
+    range, which ends on the last tile), then go back to their own document."""
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=80)
+    changed = 0
+    for bb in range(P.B):
+        for hk in range(P.K):
+            for n in range(P.nblk):
+                asc, tail = P.walk_order(bb, hk, n, False), P.walk_order(bb, hk, n, True)
+                assert sorted(tail) == asc and len(set(tail)) == len(tail)
+                assert [g for g, _ in tail] == sorted(g for g, _ in tail)  # head by head
+                r = P.tail_start(bb, hk, n, 0)
+                if r:
+                    first = [m for g, m in tail if g == 0]
+                    assert first[0] == r and first == sorted(m for m in first if m >= r) + sorted(
+                        m for m in first if m < r)
+                changed += tail != asc
+    assert changed > P.B * P.K  # more than one key block per pair walks differently
+    # one contiguous range (causal, full, documents): the tail-first walk is the ascending one
+    for name in ("det_bitwise_causal", "det_bitwise_full", "det_groups_doc_many_pairs"):
+        P = proto.Problem(*CASES[name], Bm=80)
+        assert all(P.walk_order(bb, hk, n, True) == P.walk_order(bb, hk, n, False)
+                   for bb in range(P.B) for hk in range(P.K) for n in range(P.nblk)), name
+
+
+def test_v20_switch_follows_the_inverted_branch():
+    """Variant 20 walks tail first only in deterministic launches whose pre-pass takes the
+    inverted-tails branch (bwd_det_group80_kernel's sched[2]): on the 32K suite only
+    causal_blockwise; the blockwise launch here too, not causal / documents."""
+    for m in _model.MEASURED16:
+        kept_lists, _, mblk = _model.suite_tiles(m, _model.S, 80)
+        assert _model.inverted19(*_model.group19_stats(kept_lists, mblk)) == (m == "causal_blockwise"), m
+    b, Sq, N, K = BLOCKWISE
+    assert proto.Problem(b, Sq, N, K, Bm=80).auto_group19(inverted=True)
+    assert proto.Sim(proto.Problem(b, Sq, N, K, Bm=80), "v20", True).tail
+    assert not proto.Sim(proto.Problem(b, Sq, N, K, Bm=80), "v20", False).tail  # default mode: 19
+    for name in ("det_bitwise_causal", "det_groups_doc_many_pairs", "v17_small_docs_groups"):
+        assert not proto.Sim(proto.Problem(*CASES[name], Bm=80), "v20", True).tail, name
+
+
+@pytest.mark.parametrize("resident", [1, 2, 132])
+def test_v20_never_deadlocks(resident):
+    """Variant 20 ends on every case and on the causal-blockwise launch (tail-first walk, G = 8) in
+    deterministic mode with one, two or 132 resident CTAs, and in the default mode (both dQ
+    modes): a CTA waits only for key blocks above it, launched earlier, whatever its walk."""
+    for name, (b, Sq, N, K) in list(CASES.items()) + [("blockwise_groups", BLOCKWISE)]:
+        r = proto.simulate(b, Sq, N, K, "v20", True, 1, resident)
+        assert r["ok"], (name, resident, r.get("blocked", [])[:3])
+    b, Sq, N, K = BLOCKWISE
+    for mode in (1, 0):
+        assert proto.simulate(b, Sq, N, K, "v20", False, mode, resident)["ok"]
+
+
+def test_kernel_source_has_variant20():
+    """The kernel as simulated: BwdTailFirst on variant 19, the walk switch read from sched[2] in
+    deterministic mode only, the three walks of flashmask_bwd_pp_kernel through bwd_walk, the
+    pre-pass writing the switch in its inverted branch, the launcher running it for 20 whatever
+    JFM_BWD_DET_GROUP says, and the FFI / dQ conversion accepting 20."""
+    src = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
+    assert re.search(r"struct BwdTailFirst : Base \{\s*static constexpr bool kTailFirst = true;", src)
+    assert "return a.deterministic && __ldg(a.sched + 2) != 0;" in src
+    assert src.count("bwd_walk<T>(a, b, hk, n, ") == 3
+    assert "if (env_group <= 0 || T::kTailFirst) {" in src
+    assert "return launch_bwd_impl<BwdTailFirst<BwdDetAuto80<BwdRows80<Elem, 128>>>>" in src
+    aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
+    assert re.search(r"g = \(unsigned long long\)cap;\s*inverted = 1;", aux) and "sched[2] = inverted;" in aux
+    assert "p.variant == 16 || p.variant == 19 || p.variant == 20" in aux
+    assert "variant == 20" in (ROOT / "cc" / "ffi" / "bwd_handler.cc").read_text()
