@@ -347,7 +347,7 @@ def main():
     ap.add_argument("--fit", action="store_true", help="today's refit: model vs measured, v17")
     ap.add_argument("--v16", action="store_true",
                     help="variant 16 / 19 timeline on the real suite masks (NOTES_detwalk.md); "
-                         "--orders x g8 ... (auto: variant 19's rule), --walks asc glast gfirst rot tail")
+                         "--orders x g8 ... (auto: variant 19's rule), --walks asc glast gfirst rot")
     ap.add_argument("--walks", nargs="+", default=["asc"])
     a = ap.parse_args()
     if a.v16:
@@ -448,7 +448,7 @@ def suite_tiles(mask: str, S: int = S, Bm: int = 80, seed: int = 0):
 def walk_order(kept, n, walk, nkeep, nblk, Bm=80):
     """The query tiles of key block n in walk order. asc: ascending (variant 16). glast / gfirst:
     'global' tiles (kept by >= nblk / 2 key blocks) last / first, the others ascending. rot: start
-    at the key block's diagonal tile (n * 128 / Bm), wrap. tail: variant 20's walk."""
+    at the key block's diagonal tile (n * 128 / Bm), wrap."""
     t = kept[n]
     if walk == "asc" or not t:
         return list(t)
@@ -459,13 +459,6 @@ def walk_order(kept, n, walk, nkeep, nblk, Bm=80):
     if walk == "rot":
         d = n * BN // Bm
         return [m for m in t if m >= d] + [m for m in t if m < d]
-    if walk == "tail":  # variant 20 (bwd_walk): the last kept run first when it ends on the last tile
-        if t[-1] != len(nkeep) - 1:
-            return list(t)
-        i = len(t) - 1
-        while i > 0 and t[i - 1] == t[i] - 1:
-            i -= 1
-        return t[i:] + t[:i]
     raise ValueError(walk)
 
 
@@ -586,12 +579,6 @@ def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
     if 128 * inv >= kept:
         return cap
     return 1
-
-
-def inverted19(kept, live, co, inv):
-    """Variant 20's walk switch (bwd_det_group80_kernel's sched[2]): auto_group19 took its
-    inverted-tails branch."""
-    return live > 0 and 2 * co < live and 128 * inv >= kept
 
 
 def suite_group19(mask, pairs=128, Bm=80):

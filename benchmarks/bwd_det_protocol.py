@@ -87,14 +87,11 @@ CONFIGS = {
     # deterministic launch groups of bwd_det_group80_kernel (host twin Problem.auto_group19)
     "v16": (16, "v5", False, True),
     "v19": (19, "v5", False, True),
-    # variant 20: 19 with the tail-first walk (bwd_walk; Problem.walk)
-    "v20": (20, "v5", False, True),
 }
-CONFIG_BM = {"v16": 80, "v19": 80, "v20": 80}  # query tile rows (others: BM)
-CONFIG_DQBUFS = {"v16": 1, "v19": 1, "v20": 1}  # fp32 dQ smem buffers (others: 2)
-TAIL_FIRST_CONFIGS = ("v20",)  # tail-first walk in deterministic launches the pre-pass marks inverted
+CONFIG_BM = {"v16": 80, "v19": 80}  # query tile rows (others: BM)
+CONFIG_DQBUFS = {"v16": 1, "v19": 1}  # fp32 dQ smem buffers (others: 2)
 # the kernels as they are (the protocol check runs these in every mode)
-KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19", "v20")
+KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19")
 
 
 class MBar:
@@ -160,41 +157,6 @@ class Problem:
             g, m = g + 1, 0
         return False, g, m
 
-    def tail_start(self, b, hk, n, g):
-        """bwd_tail_start: the first tile after the later-ending of key block n's two skipped
-        ranges on head g when that tile exists, else 0."""
-        row = self.meta[b][(hk * self.hpk + g) // self.hpm][n]
-        s1, e1 = _mask.skip_range(int(row[1]), int(row[2]), self.Sq, self.Bm, self.mblk)
-        s2, e2 = _mask.skip_range(int(row[5]), int(row[6]), self.Sq, self.Bm, self.mblk)
-        e = max(e1 if s1 < e1 else 0, e2 if s2 < e2 else 0)
-        return e if e < self.mblk else 0
-
-    def walk(self, b, hk, n, g, m, lap, tail):
-        """bwd_walk: (have, g, m, lap) of the next kept tile at or after (g, m) in the walk order;
-        tail=False: find_kept's ascending walk (lap unused)."""
-        if not tail:
-            return (*self.find_kept(b, hk, n, g, m), lap)
-        while g < self.hpk:
-            r = self.tail_start(b, hk, n, g)
-            if lap == 0 and m < r:
-                m = r
-            have, g2, m2 = self.find_kept(b, hk, n, g, m)
-            if have and g2 == g and (lap == 0 or m2 < r):
-                return True, g, m2, lap
-            if lap == 0 and r > 0:
-                lap, m = 1, 0
-            else:
-                g, m, lap = g + 1, 0, 0
-        return False, g, m, lap
-
-    def walk_order(self, b, hk, n, tail):
-        """Every (g, m) key block n walks, in order."""
-        out, (have, g, m, lap) = [], self.walk(b, hk, n, 0, 0, 0, tail)
-        while have:
-            out.append((g, m))
-            have, g, m, lap = self.walk(b, hk, n, g, m + 1, lap, tail)
-        return out
-
     def auto_group(self, cap=DET_GROUP_PAIRS):
         """Variant 17's launch group size: bwd_det_group_kernel on this launch's block metadata."""
         kept, first = [], []
@@ -214,10 +176,9 @@ class Problem:
                     first.append(m)
         return _det.auto_group(kept, first, self.nblk, self.mblk, self.K * self.B, cap)
 
-    def auto_group19(self, cap=DET_GROUP_PAIRS, inverted=False):
+    def auto_group19(self, cap=DET_GROUP_PAIRS):
         """Variant 19's launch group size: bwd_det_group80_kernel on this launch's block metadata
-        (kept / first / last kept tile per item at self.Bm rows; rule: bwd_det_model.auto_group19);
-        inverted=True: its sched[2] instead (variant 20's tail-first switch)."""
+        (kept / first / last kept tile per item at self.Bm rows; rule: bwd_det_model.auto_group19)."""
         kept = live = co = inv = 0
         for b in range(self.B):
             for hm in range(self.Hm):
@@ -245,8 +206,6 @@ class Problem:
                             co += f == fu
                             if ku > k and la == lau:
                                 inv += ku - k
-        if inverted:
-            return _det.inverted19(kept, live, co, inv)
         return _det.auto_group19(kept, live, co, inv, self.B * self.Hm * self.nblk, self.mblk,
                                  self.K * self.B, cap)
 
@@ -272,11 +231,11 @@ class Problem:
 def grid_items(P: Problem, variant: int, det: bool, G: int | None = None):
     """(n, hk, b) per linear block index, as bwd_pp_item decodes it for the launch grid of
     launch_bwd_impl (1-D for variants 14 / 15 in deterministic mode, else (nblk, K, B))."""
-    if variant in (14, 15, 17, 19, 20) and det:
+    if variant in (14, 15, 17, 19) and det:
         pairs = P.K * P.B
         if variant == 17 and not (G and G > 0):
             G = P.auto_group()
-        if variant in (19, 20) and not (G and G > 0):
+        if variant == 19 and not (G and G > 0):
             G = P.auto_group19()
         G = max(1, min(pairs, G if G and G > 0 else DET_GROUP_PAIRS))
         return [_det.det_group_item(x, P.nblk, P.K, P.B, G) for x in range(P.nblk * P.K * P.B)]
@@ -300,7 +259,7 @@ class Cta:
         self.ds_empty = [MBar(f"ds_empty[{s}]", 256) for s in range(2)]
         self.kv_full = MBar("kv_full", 1)
         self.bar = {1: NamedBar("bar 1"), 2: NamedBar("bar 2")}
-        self.have0 = sim.P.walk(b, hk, n, 0, 0, 0, sim.tail)
+        self.have0 = sim.P.find_kept(b, hk, n, 0, 0)
         cons = self.consumer_lockstep if sim.lockstep else self.consumer
         self.actors = {"producer": self.producer(), "wg0": cons(0), "wg1": cons(1)}
         if sim.dq_bulk:
@@ -312,7 +271,7 @@ class Cta:
     # ---- warp 0 lane 0: K/V, then the Q / dO ring
     def producer(self):
         P, (n, hk, b) = self.sim.P, self.item
-        have, g, m, lap = self.have0
+        have, g, m = self.have0
         if not have:
             return
         self.kv_full.arrive(1)  # arrive_and_expect_tx + the K / V bytes
@@ -324,7 +283,7 @@ class Cta:
             stage += 1
             if stage == 2:
                 stage, phase = 0, phase ^ 1
-            have, g, m, lap = P.walk(b, hk, n, g, m + 1, lap, self.sim.tail)
+            have, g, m = P.find_kept(b, hk, n, g, m + 1)
 
     # ---- warp 2: skipped tiles' bits at CTA start (relaxed red.or)
     def warp2(self):
@@ -337,7 +296,7 @@ class Cta:
     # ---- consumer warpgroup wg (non-lockstep path of flashmask_bwd_pp_kernel)
     def consumer(self, wg):
         P, (n, hk, b) = self.sim.P, self.item
-        have, g, m, _ = self.have0  # non-lockstep configs walk ascending
+        have, g, m = self.have0
         bar = self.bar
         name = f"wg{wg}"
 
@@ -403,7 +362,7 @@ class Cta:
     # iteration t -> empty[st]; the tile info comes from the producer with full[st]
     def consumer_lockstep(self, wg):
         P, (n, hk, b) = self.sim.P, self.item
-        have, g, m, lap = self.have0
+        have, g, m = self.have0
         name = f"wg{wg}"
         if not have:
             return
@@ -425,7 +384,7 @@ class Cta:
                            f"{name}: put_dq tile {t}: dq_empty[{qb}] parity {qp ^ 1}")
                 self.dq_full[qb].arrive(128)
             self.empty[st].arrive(128)
-            have, g, m, lap = P.walk(b, hk, n, g, m + 1, lap, self.sim.tail)  # the tile info's `last` flag
+            have, g, m = P.find_kept(b, hk, n, g, m + 1)  # the `last` flag of the tile info
             if not have:
                 break
             t += 1
@@ -433,7 +392,7 @@ class Cta:
     # ---- warp 1: dQ writer
     def writer(self):
         sim, P, (n, hk, b) = self.sim, self.sim.P, self.item
-        have, g, m, lap = self.have0
+        have, g, m = self.have0
         code = sim.writer if sim.det else "default"
         buf, phase = 0, 0
         pend = None  # (b, h, m, buf) of the tile whose bit is owed (pipelined writers)
@@ -468,7 +427,7 @@ class Cta:
             if buf == sim.dqbufs:
                 buf, phase = 0, phase ^ 1
             k += 1
-            have, g, m, lap = P.walk(b, hk, n, g, m + 1, lap, sim.tail)
+            have, g, m = P.find_kept(b, hk, n, g, m + 1)
         if pend is not None:
             sim.bits.setdefault(pend[:3], set()).add(n)
             if code == "pipe":
@@ -480,8 +439,6 @@ class Sim:
         self.P, self.det = P, det
         self.variant, self.writer, self.split_last, self.lockstep = CONFIGS[config]
         self.dqbufs = CONFIG_DQBUFS.get(config, 2)
-        # variant 20: tail first in deterministic launches whose pre-pass finds inverted tails
-        self.tail = config in TAIL_FIRST_CONFIGS and det and P.auto_group19(inverted=True)
         assert P.Bm == CONFIG_BM.get(config, BM), (config, P.Bm)
         self.dq_bulk = dq_mode == 1
         self.resident = resident

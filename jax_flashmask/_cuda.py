@@ -420,13 +420,6 @@ DEFAULT_BWD_DQ_MODE = 1
 #      tiles: causal blockwise -> 8). Walk, writer and per-tile order are 16's: every gradient
 #      bitwise variant 16's in deterministic mode; default mode = variant 16. JFM_BWD_DET_GROUP=G
 #      overrides G. The deterministic default at d = 128 since s9 (benchmarks/NOTES_detwalk.md).
-#  20: variant 19 walking each head's kept query tiles tail first: from the first tile after the
-#      key block's last skipped range (when the key block keeps the last tile after a gap:
-#      causal blockwise's shared last document) to the end, then from the first tile; every other
-#      key block walks as 16. Same products and per-tile order as 19: dQ bitwise 16's in
-#      deterministic mode; dK / dV accumulate in walk order, so they are not 16's bits
-#      (deterministic all the same). d = 128 only. Not a default (benchmarks/NOTES_detwalk.md
-#      section 5; not yet run on a GPU).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -449,7 +442,7 @@ DEFAULT_BWD_DQ_MODE = 1
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
 MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5, 17: 13, 19: 16}  # variant -> the variant it is bitwise equal to
@@ -460,9 +453,8 @@ DET_AUTO_BWD_VARIANT = 17  # 13 with 15's writer and launch groups sized on the 
 LOCKSTEP_BWD_VARIANTS = (12, 13, 17)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 # Variant 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (benchmarks/NOTES_bwd80.md); d = 128
 # only (ValueError at 64 and 256), Sq padded to a multiple of 80. The default at d = 128.
-BWD_ROWS80_VARIANTS = (16, 19, 20)
+BWD_ROWS80_VARIANTS = (16, 19)
 DET_AUTO80_BWD_VARIANT = 19  # 16 with launch groups sized on the device (deterministic; 80-row rule)
-TAIL_FIRST_BWD_VARIANT = 20  # 19 with the tail-first walk (dQ bitwise 16's when deterministic)
 # The base variant: d = 256's nominal number (and the deterministic default at d = 128 until s7).
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
@@ -556,8 +548,6 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     the device in deterministic mode (bitwise variant 13's = 5's gradients).
     variant=19 (d = 128 only): variant 16 with launch groups sized per launch on the device in
     deterministic mode (documents, global rows, causal blockwise; bitwise variant 16's gradients).
-    variant=20 (d = 128 only): 19 with the tail-first walk (deterministic dQ bitwise 16's; dK / dV
-    accumulated in another order).
     """
     mod, reason = _load()
     if mod is None:

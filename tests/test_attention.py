@@ -302,7 +302,7 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19}
     # 19: variant 16 with device-sized launch groups in deterministic mode; d = 128 only (80-row
     # tiles, refused at 64 and 256 as 16), bitwise twin 16, the deterministic default at d = 128
     assert _cuda.resolve_bwd_variant(19, 128) == 19 and _cuda._bwd_block_m(128, 19) == 80
@@ -314,16 +314,6 @@ def test_cuda_kernel_variant_resolution():
     for d in (64, 128, 256):
         assert _cuda.resolve_bwd_variant(None, d) != 19
     assert _cuda.MASK_REGS_BWD_VARIANTS[19] == 16 and _cuda.DET_AUTO80_BWD_VARIANT == 19
-    # 20: 19 with the tail-first walk on inverted-tail launches; 80-row tiles, d = 128 only, not a
-    # default, no bitwise twin (dK / dV accumulate in another order there)
-    assert _cuda.TAIL_FIRST_BWD_VARIANT == 20 and 20 in _cuda.BWD_ROWS80_VARIANTS
-    assert _cuda.resolve_bwd_variant(20, 128) == 20 and _cuda._bwd_block_m(128, 20) == 80
-    for d in (64, 256):
-        with pytest.raises(ValueError, match="d = 128 only"):
-            _cuda.resolve_bwd_variant(20, d)
-    assert 20 not in _cuda.MASK_REGS_BWD_VARIANTS
-    assert all(_cuda.resolve_bwd_variant(None, d, deterministic=det) != 20
-               for d in (64, 128, 256) for det in (False, True))
     assert 19 in _cuda.BWD_ROWS80_VARIANTS and 19 not in _cuda.LOCKSTEP_BWD_VARIANTS
     # 17: variant 13 with 15's writer and device-sized launch groups in deterministic mode; d = 128
     # only (lock-step consumers; 256: own kernel), not a default

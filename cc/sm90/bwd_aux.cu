@@ -462,20 +462,15 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     // co-starting chains (documents, global rows): variant 17's G; inverted tails worth at least
     // 1/128 of the kept tiles (causal blockwise): G = cap; otherwise G = 1 (variant 16's order).
     // Host twin: benchmarks/bwd_det_model.py auto_group19.
-    // The inverted case also switches variant 20 to its tail-first walk (sched[2]).
     unsigned long long g = 1ull;
-    int inverted = 0;
     if (tot[1] > 0ull) {
-      if (2ull * tot[2] >= tot[1]) {
+      if (2ull * tot[2] >= tot[1])
         g = tot[0] == 0ull ? (unsigned long long)cap
                            : (unsigned long long)mblk * (unsigned long long)items / tot[0];
-      } else if (128ull * tot[3] >= tot[0]) {
+      else if (128ull * tot[3] >= tot[0])
         g = (unsigned long long)cap;
-        inverted = 1;
-      }
     }
     sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
-    sched[2] = inverted;
   }
 }
 
@@ -550,7 +545,7 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
-  if ((p.variant == 16 || p.variant == 19 || p.variant == 20) && p.d == kRows80D) {  // 80-row tiles
+  if ((p.variant == 16 || p.variant == 19) && p.d == kRows80D) {  // 80-row tiles (16, 19)
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
     const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;

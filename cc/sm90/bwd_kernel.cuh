@@ -62,7 +62,6 @@ struct BwdTraits {
   static constexpr bool kDetGroups = false;  // true: variants 14 / 15 (BwdDetGroups)
   static constexpr bool kDetPipe = false;    // true: variants 15 (BwdDetPipe) and 17 (BwdDetAuto)
   static constexpr bool kDetAuto = false;    // true: variant 17 (BwdDetAuto)
-  static constexpr bool kTailFirst = false;  // true: variant 20 (BwdTailFirst): bwd_walk
   // Bm = 80 (variant 16, BwdRows80): dQ^T = K^T dS^T (keys on K, d on M: 64 d-rows per warpgroup,
   // the 80 query rows on N), one dQ buffer (the smem budget).
   static constexpr bool kDqTrans = Bm_ == 80;
@@ -283,24 +282,6 @@ struct BwdDetAuto80 : Base {
                 "variant 19 = variant 16 + device-sized deterministic launch groups");
 };
 
-// Variant 20 (d = 128): variant 19 whose deterministic launches, when 19's pre-pass finds
-// inverted chains (causal blockwise: sched[2] = 1), walk each head's kept query tiles tail first
-// (bwd_walk): from the first tile after the key block's last skipped range to the last tile, then
-// from the first tile. There every key block keeps the last document's rows after a gap, and 16's
-// ascending walk reaches them last, a document's top key block long before the key block above it
-// (19 still loses 19 % there, and more launch groups lose to L2); tail first, every key block
-// starts on the shared rows in launch order. Other launches, and the default mode: variant 19.
-// The per-tile summation order stays descending key block: dQ is bitwise 16's in deterministic
-// mode, dK / dV are not where the walk changed (they accumulate over it); deadlock-free as 19 (a
-// CTA waits only for key blocks above it, launched before it, whatever its walk).
-// benchmarks/NOTES_detwalk.md section 9.
-template <class Base>
-struct BwdTailFirst : Base {
-  static constexpr bool kTailFirst = true;
-  static_assert(Base::kLockstep && Base::kDetAuto && Base::Bm == 80,
-                "variant 20 = variant 19 with the tail-first walk");
-};
-
 struct BwdArgs {
   const int32_t* bounds;
   const int32_t* meta;
@@ -422,61 +403,6 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
     return true;
   }
   return false;
-}
-
-// Where head g's tail-first walk (variant 20) starts: the first tile after the later-ending of
-// key block n's two skipped ranges when that tile exists (the key block keeps the last tile after
-// a gap), else 0 (the ascending walk).
-template <int Bm>
-__device__ __forceinline__ int bwd_tail_start(const BwdArgs& a, int b, int hk, int n, int g) {
-  const int h = hk * a.heads_per_kv + g;
-  const int32_t* mt = a.meta + ((int64_t)b * a.Hm + h / a.heads_per_mask) * 8 * (int64_t)a.nblk + n;
-  int s1, e1, s2, e2;
-  bwd_skip_range<Bm>(__ldg(mt + 1 * a.nblk), __ldg(mt + 2 * a.nblk), a.Sq, a.mblk, s1, e1);
-  bwd_skip_range<Bm>(__ldg(mt + 5 * a.nblk), __ldg(mt + 6 * a.nblk), a.Sq, a.mblk, s2, e2);
-  const int e = max(s1 < e1 ? e1 : 0, s2 < e2 ? e2 : 0);
-  return e < a.mblk ? e : 0;
-}
-
-// Variant 20: whether this launch walks tail first (deterministic mode, when the pre-pass
-// bwd_det_group80_kernel wrote sched[2] = 1). Every other variant: false.
-template <class T>
-__device__ __forceinline__ bool bwd_tail_walk(const BwdArgs& a) {
-  if constexpr (T::kTailFirst) return a.deterministic && __ldg(a.sched + 2) != 0;
-  else return false;
-}
-
-// The next kept tile of key block n at or after (g, m): with `tail` (variant 20, bwd_tail_walk) in
-// the tail-first order, lap being the walk's state (0: head g's tiles from bwd_tail_start on, 1:
-// its tiles before that; start a walk with g = m = lap = 0); else bwd_find_kept's ascending walk.
-template <class T>
-__device__ __forceinline__ bool bwd_walk(const BwdArgs& a, int b, int hk, int n, int& g, int& m,
-                                         bool& partial, int& lap, bool tail) {
-  if constexpr (T::kTailFirst) {
-    if (tail) {
-      while (g < a.heads_per_kv) {
-        const int r = bwd_tail_start<T::Bm>(a, b, hk, n, g);
-        if (lap == 0 && m < r) m = r;
-        int g2 = g, m2 = m;
-        // found on this head and, in lap 1, before the tiles lap 0 walked
-        if (bwd_find_kept<T::Bm, T::Bn>(a, b, hk, n, g2, m2, partial) && g2 == g &&
-            (lap == 0 || m2 < r)) {
-          m = m2;
-          return true;
-        }
-        if (lap == 0 && r > 0) {
-          lap = 1;  // wrap to the head's first tiles
-          m = 0;
-        } else {
-          ++g;
-          m = 0;
-          lap = 0;
-        }
-      }
-      return false;
-    }
-  }
-  return bwd_find_kept<T::Bm, T::Bn>(a, b, hk, n, g, m, partial);
 }
 
 // Bits [pos, pos + width) of a 32-bit word (bmsk.clamp: 0 for width 0 or pos >= 32; a range
@@ -664,10 +590,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
 
-  int g = 0, m = 0, lap = 0;
+  int g = 0, m = 0;
   bool partial = false;
-  const bool tail = bwd_tail_walk<T>(a);
-  bool have = bwd_walk<T>(a, b, hk, n, g, m, partial, lap, tail);
+  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   // Variants 12 / 13: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
   // slot [stage] before its `full` arrive (release; the consumers read it after their `full`
   // wait and before their `empty` arrive), so the consumers run no tile walk of their own. The
@@ -704,10 +629,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
           // variants 12 / 13: the next kept tile first, so that this one's slot says if it is the last
-          int gn = g, mn = m + 1, lapn = lap;
+          int gn = g, mn = m + 1;
           bool pn = false, more = false;
           if constexpr (T::kLockstep) {
-            more = bwd_walk<T>(a, b, hk, n, gn, mn, pn, lapn, tail);
+            more = bwd_find_kept<Bm, Bn>(a, b, hk, n, gn, mn, pn);
             const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
             asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
                              cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
@@ -727,7 +652,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if constexpr (T::kLockstep) {
             g = gn;
             m = mn;
-            lap = lapn;
             partial = pn;
             have = more;
           } else {
@@ -796,7 +720,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           __syncwarp();
           if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
           ++m;
-          have = bwd_walk<T>(a, b, hk, n, g, m, partial, lap, tail);
+          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         if constexpr (T::kDetPipe) {
@@ -1781,14 +1705,13 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
       a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
       grid = dim3((unsigned)items_total, 1, 1);
       if constexpr (T::kDetAuto) {
-        // variant 20 needs the pre-pass's walk flag (sched[2]) even when the environment sets G
-        if (env_group <= 0 || T::kTailFirst) {
+        if (env_group <= 0) {
           // variant 17: G from the block metadata, on the device (sched[1]; same stream, no sync)
           if (p.meta_capacity < meta_elems + 4) {
             if (err) *err = "flashmask sm90 backward: metadata workspace too small for variant 17";
             return cudaErrorInvalidValue;
           }
-          if (env_group <= 0) a.det_group = 0;
+          a.det_group = 0;
           a.sched = p.meta + meta_elems;
           if constexpr (T::Bm == 80)  // variant 19: 80-row tiles, its own rule
             e = bwd_det_group80_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
@@ -1859,27 +1782,24 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 16 || p.variant == 19 || p.variant == 20) {
+  if (p.variant == 16 || p.variant == 19) {
     // compiled in their own translation units (inst/bwd_*_d128_r80.cu)
     if constexpr (D == 128) {
       return launch_bwd_rows80<Elem>(p, stream, err);
     } else {
-      if (err) *err = "flashmask sm90 backward: kernel variants 16 / 19 / 20 (80-row query tiles) are d = 128 only";
+      if (err) *err = "flashmask sm90 backward: kernel variants 16 / 19 (80-row query tiles) are d = 128 only";
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19 or 20";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17 or 19";
   return cudaErrorInvalidValue;
 }
 
 #ifdef JFM_BWD_ROWS80_INST
-// Variants 16 (BwdRows80), 19 (BwdDetAuto80) and 20 (BwdTailFirst), defined only in
-// inst/bwd_*_d128_r80.cu.
+// Variants 16 (BwdRows80) and 19 (BwdDetAuto80), defined only in inst/bwd_*_d128_r80.cu.
 template <class Elem>
 cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err) {
   if (p.variant == 19) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>(p, stream, err);
-  if (p.variant == 20)
-    return launch_bwd_impl<BwdTailFirst<BwdDetAuto80<BwdRows80<Elem, 128>>>>(p, stream, err);
   return launch_bwd_impl<BwdRows80<Elem, 128>>(p, stream, err);
 }
 #endif

@@ -7,8 +7,8 @@
 namespace jfm::sm90 {
 template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err);
-// Variants 16, 19 and 20 (d = 128, 80-row query tiles: bwd_kernel.cuh BwdRows80), instantiated in
-// inst/bwd_*_d128_r80.cu; launch_bwd<Elem, 128> forwards p.variant == 16, 19 or 20 here.
+// Variants 16 and 19 (d = 128, 80-row query tiles: bwd_kernel.cuh BwdRows80), instantiated in
+// inst/bwd_*_d128_r80.cu; launch_bwd<Elem, 128> forwards p.variant == 16 or 19 here.
 template <class Elem>
 cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err);
 // Head dim 256 (bwd_d256_kernel.cuh, instantiated in inst/bwd_*_d256.cu): one kernel for every
@@ -35,8 +35,7 @@ cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int H
 // Variant 19 pre-pass (one CTA, deterministic mode): sched[1] = G for variant 16's 80-row tiles:
 // variant 17's rule when most key blocks start at the first tile of the key block above them,
 // min(max_group, pairs) when inverted tails (a key block ending where the one above it ends with a
-// shorter walk) hold >= 1/128 of the kept tiles, else 1 (bwd_aux.cu bwd_det_group80_kernel);
-// sched[2] = 1 in the inverted case (variant 20 then walks tail first), else 0.
+// shorter walk) hold >= 1/128 of the kept tiles, else 1 (bwd_aux.cu bwd_det_group80_kernel).
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                  int mblk, int Sq, int pairs, int max_group, cudaStream_t stream);
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);

@@ -89,7 +89,6 @@ struct BwdParams {
                         // on the device (d = 128 only; BwdDetAuto, bwd_det_group_sm90)
                         // 19: 16 with 14's launch groups in deterministic mode, G chosen per
                         // launch on the device (d = 128 only; BwdDetAuto80, bwd_det_group80_sm90)
-                        // 20: 19 walking each head's tiles tail first (d = 128 only; BwdTailFirst)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

@@ -1338,34 +1338,23 @@ def test_det_groups_large_documents(variant):
 DET_AUTO = getattr(_cuda, "DET_AUTO_BWD_VARIANT", None)
 
 
-def _need_with_base(variant, base):
-    """Skip unless `variant` (a compiled d = 128 variant) and the variant it is checked against
-    are both under test and bf16 d = 128 runs here."""
-    if variant is None or variant not in VARIANTS or base not in VARIANTS:
-        pytest.skip(f"variants {variant} and {base} not both under test")
+def _need_det_auto():
+    if DET_AUTO is None or DET_AUTO not in VARIANTS or 5 not in VARIANTS:
+        pytest.skip("variants 17 and 5 not both under test")
     _need(jnp.bfloat16, 128)
 
 
-def _need_det_auto():
-    _need_with_base(DET_AUTO, 5)
-
-
-def _host_problem(b, Sq, N, K, Bm=64):
-    """The launch as benchmarks/bwd_det_protocol.py's Problem: host twins of the deterministic
-    pre-passes, to check that a case exercises what it says."""
+def _host_group(b, Sq, N, K):
+    """Variant 17's launch group size for this launch: the host twin of bwd_det_group_kernel
+    (benchmarks/bwd_det_protocol.py Problem.auto_group), to check that a case exercises what it
+    says (G > 1, several groups)."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_det_protocol.py"
     spec = importlib.util.spec_from_file_location("bwd_det_protocol", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.Problem(np.asarray(b), Sq, N, K, Bm=Bm)
-
-
-def _host_group(b, Sq, N, K):
-    """Variant 17's launch group size for this launch: the host twin of bwd_det_group_kernel
-    (Problem.auto_group), to check that a case exercises what it says (G > 1, several groups)."""
-    return _host_problem(b, Sq, N, K).auto_group()
+    return mod.Problem(np.asarray(b), Sq, N, K).auto_group()
 
 
 def _small_documents(B, S, rng, lo=150, hi=420):
@@ -1444,13 +1433,21 @@ DET_AUTO80 = getattr(_cuda, "DET_AUTO80_BWD_VARIANT", None)
 
 
 def _need_det_auto80():
-    _need_with_base(DET_AUTO80, 16)
+    if DET_AUTO80 is None or DET_AUTO80 not in VARIANTS or 16 not in VARIANTS:
+        pytest.skip("variants 19 and 16 not both under test")
+    _need(jnp.bfloat16, 128)
 
 
 def _host_group19(b, Sq, N, K):
     """Variant 19's launch group size for this launch: the host twin of bwd_det_group80_kernel
-    (Problem.auto_group19, 80-row tiles)."""
-    return _host_problem(b, Sq, N, K, Bm=80).auto_group19()
+    (benchmarks/bwd_det_protocol.py Problem.auto_group19, 80-row tiles)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_det_protocol.py"
+    spec = importlib.util.spec_from_file_location("bwd_det_protocol", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Problem(np.asarray(b), Sq, N, K, Bm=80).auto_group19()
 
 
 def _det_auto80_case(case, seed):
@@ -1526,85 +1523,6 @@ def test_det_auto80_large_repeatable(mask):
     r16 = f(q, k, v, bj, out, lse, do, variant=16)
     for r in rs[1:] + [r16]:
         _assert_same_bits(rs[0], r, f"variant 19 large {mask}")
-
-
-# ---------------------------------------------------------------- variant 20 (tail-first walk)
-TAIL_FIRST = getattr(_cuda, "TAIL_FIRST_BWD_VARIANT", None)
-
-
-def _need_tail_first():
-    _need_with_base(TAIL_FIRST, 16)
-
-
-def _host_tail19(b, Sq, N, K):
-    """Whether variant 20 walks tail first on this deterministic launch (the host twin of
-    bwd_det_group80_kernel's sched[2])."""
-    return _host_problem(b, Sq, N, K, Bm=80).auto_group19(inverted=True)
-
-
-@pytest.mark.parametrize("case", ["groups", "suite", "random_masks", "small_docs_groups", "one_pair",
-                                  "empty_items", "many_words"])
-def test_tail_first_against_variant16(case):
-    """Variant 20 = 19 with the tail-first walk on launches whose pre-pass finds inverted tails
-    (causal blockwise). Deterministic mode: dQ bitwise variant 16's (the per-tile order is still
-    descending key block), dK / dV bitwise 16's where the walk did not change (every launch but
-    the inverted ones) and within 1e-3 of them where it did; three runs bitwise equal. Default
-    mode: variant 16 (dK / dV bitwise, dQ within fp32 order)."""
-    _need_tail_first()
-    rng, dims, bs = _det_auto80_case(case, 59)
-    B, Sq, Sk, N, K = dims
-    _, per_mask = _per_mask_args(rng, dims, bs, 128)
-    det = jax.jit(lambda *a, variant: _bwd(*a, scale=0.1, deterministic=True, variant=variant),
-                  static_argnames="variant")
-    tails = 0
-    for i, (args, b) in enumerate(zip(per_mask, bs)):
-        label = f"variant {TAIL_FIRST} case={case} mask {i}"
-        tail = bool(_host_tail19(b, Sq, N, K))
-        tails += tail
-        r20, r16 = det(*args, variant=TAIL_FIRST), det(*args, variant=16)
-        x20, x16 = _bits(r20), _bits(r16)
-        assert np.array_equal(x20[0], x16[0]), f"{label}: deterministic dQ differs from variant 16"
-        for name, x, y, u, w in zip(("dk", "dv"), x20[1:], x16[1:], r20[1:], r16[1:]):
-            if tail:
-                e = _relerr(np.asarray(u.astype(jnp.float32)), np.asarray(w.astype(jnp.float32), np.float64))
-                assert e < 1e-3, f"{label}: {name} relerr {e} against variant 16"
-            else:
-                assert np.array_equal(x, y), f"{label}: {name} differs from variant 16 (ascending walk)"
-        for r in range(1, 3):
-            _assert_same_bits(r20, det(*args, variant=TAIL_FIRST), f"{label} (run {r + 1})")
-        for mode in (1, 0):
-            d20 = _bwd(*args, scale=0.1, dq_mode=mode, variant=TAIL_FIRST)
-            d16 = _bwd(*args, scale=0.1, dq_mode=mode, variant=16)
-            for name, x, y in zip(("dk", "dv"), _bits(d20)[1:], _bits(d16)[1:]):
-                assert np.array_equal(x, y), f"{label} default dq_mode={mode}: {name} differs from 16"
-    if case == "groups":
-        assert tails == 1  # causal_blockwise only (document, gsw, full, causal: ascending)
-
-
-@pytest.mark.parametrize("case", ["causal_blockwise", "document", "full", "random_gqa", "small_docs_ragged"])
-def test_tail_first_reference(case):
-    """Variant 20 deterministic against the float64 reference and bitwise repeatable."""
-    _need_tail_first()
-    _check_det_reference(TAIL_FIRST, case)
-
-
-def test_tail_first_large_repeatable():
-    """causal_blockwise at 8K (B = 2, 8 / 4 heads: 8 pairs, 512 CTAs, tail-first walk): three
-    deterministic runs bitwise equal; dQ bitwise variant 16's."""
-    _need_tail_first()
-    rng = np.random.default_rng(6)
-    B, S, N, K = 2, 8192, 8, 4
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
-    b = np.broadcast_to(_suite(S, 0, B)["causal_blockwise"], (B, 1, 4, S)).copy()
-    assert _host_tail19(b, S, N, K)
-    bj = jnp.asarray(b)
-    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
-                static_argnames="variant")
-    rs = [f(q, k, v, bj, out, lse, do, variant=TAIL_FIRST) for _ in range(3)]
-    for r in rs[1:]:
-        _assert_same_bits(rs[0], r, "variant 20 large causal_blockwise")
-    assert np.array_equal(_bits(rs[0])[0], _bits(f(q, k, v, bj, out, lse, do, variant=16))[0])
 
 
 @pytest.mark.parametrize("d", [64, 256])
