@@ -566,19 +566,28 @@ def group19_stats(kept_lists, mblk):
     return kept, live, co, inv
 
 
+# bwd_aux.cu kDetGroupTileBudget / kDetGroupInverted (H200 session 11: the G curves in NOTES.md)
+TILE_BUDGET19 = 300
+INVERTED_G19 = 4
+
+
 def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
     """Variant 19's G (bwd_det_group80_kernel): co-starting chains (>= half of the live key
-    blocks: documents, global + window) -> G = clamp(mblk * items / kept, 1, cap) (variant 17's
-    rule); inverted tails worth >= 1/128 of the kept tiles (causal blockwise) -> G = cap; else 1."""
+    blocks: documents, global + window) -> G = mblk * items / kept (variant 17's rule); inverted
+    tails worth >= 1/128 of the kept tiles (causal blockwise) -> G = INVERTED_G19; else 1. Then
+    G * (mean kept tiles per live key block) <= TILE_BUDGET19 (the group's rows in L2), clamped
+    to [1, min(cap, pairs)]."""
     cap = max(1, min(cap, pairs))
     if live == 0:
         return 1
+    g = 1
     if 2 * co >= live:
         g = cap if kept == 0 else mblk * items // kept
-        return max(1, min(g, cap))
-    if 128 * inv >= kept:
-        return cap
-    return 1
+    elif 128 * inv >= kept:
+        g = INVERTED_G19
+    if kept:
+        g = min(g, TILE_BUDGET19 * live // kept)
+    return max(1, min(g, cap))
 
 
 def suite_group19(mask, pairs=128, Bm=80):

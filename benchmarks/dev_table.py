@@ -4,7 +4,8 @@
 
 One table per file: a row per (S, d, mask), a column per implementation, TFLOP/s in the FlashMask
 convention; an implementation timed more than once in a run (e.g. ``--variants 3 7 3 7``) shows
-every sample, in order.
+every sample, in order. A backward variant timed in both modes (``--det 0 1``) also gets the
+deterministic / default ratio (worst sample over best).
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ def table(path: Path) -> str:
     for r in rows:
         key = (r.get("S"), r.get("d"), r["mask"])
         cells.setdefault(key, {}).setdefault(r["impl"], []).append(r["tflops_fm"])
-    out = [f"### {path.name}", "", "| S | d | mask | " + " | ".join(impls) + " |",
-           "|---|---|---|" + "---:|" * len(impls)]
+    # a backward variant timed in both modes (bwd_timing.py --det 0 1): also det / default
+    pairs = [(i, i.replace("_det_", "_")) for i in impls if "_det_" in i and i.replace("_det_", "_") in impls]
+    heads = impls + [f"{a} / {b}" for a, b in pairs]
+    out = [f"### {path.name}", "", "| S | d | mask | " + " | ".join(heads) + " |",
+           "|---|---|---|" + "---:|" * len(heads)]
     for (S, d, mask), by_impl in cells.items():
         vals = [" / ".join(f"{t:.0f}" for t in by_impl.get(i, [])) or "–" for i in impls]
+        for a, b in pairs:
+            ta, tb = by_impl.get(a), by_impl.get(b)
+            vals.append(f"{min(ta) / max(tb):.3f}" if ta and tb else "–")
         out.append(f"| {S} | {d} | {mask} | " + " | ".join(vals) + " |")
     return "\n".join(out) + "\n"
 

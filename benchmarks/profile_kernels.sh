@@ -4,14 +4,16 @@
 # reasons). One launch per case, the third (after jit + warm-up). Run from the repo root on the
 # device; one text report per case under $OUT (ncu_<case>.txt).
 #   JFM_PROF_CASES: subset of "fwd_full fwd_sliding bwd_full bwd_sliding" (default all);
-#   JFM_PROF_BWD_VARIANT (default: the library default); JFM_PROF_TIMEOUT per case (default 60 s).
+#   JFM_PROF_FWD_VARIANT (default 11) / JFM_PROF_BWD_VARIANT (default: the library default); JFM_PROF_TIMEOUT per
+#   case (default 60 s).
 set -u -o pipefail
 OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
 PY=${PY:-python3}
 NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+FV="--variants ${JFM_PROF_FWD_VARIANT:-11}"  # 11: the d = 128 default (kernel_timing.py defaults to 2)
 BV=${JFM_PROF_BWD_VARIANT:+--variants $JFM_PROF_BWD_VARIANT}
-SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats"
+SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis"
 prof() {  # prof NAME KERNEL_REGEX COMMAND...
   local name=$1 kre=$2; shift 2
   local args=(--clock-control none -k "regex:$kre" --launch-skip 2 --launch-count 1 $SECTIONS)
@@ -21,8 +23,8 @@ prof() {  # prof NAME KERNEL_REGEX COMMAND...
 }
 for c in ${JFM_PROF_CASES:-fwd_full fwd_sliding bwd_full bwd_sliding}; do
   case $c in
-  fwd_full)    prof $c 'flashmask_fwd' $PY benchmarks/kernel_timing.py --tokens 16384 --masks full --variants 3 --iters 1 ;;
-  fwd_sliding) prof $c 'flashmask_fwd' $PY benchmarks/kernel_timing.py --tokens 16384 --masks sliding_window --variants 3 --iters 1 ;;
+  fwd_full)    prof $c 'flashmask_fwd' $PY benchmarks/kernel_timing.py --tokens 16384 --masks full $FV --iters 1 ;;
+  fwd_sliding) prof $c 'flashmask_fwd' $PY benchmarks/kernel_timing.py --tokens 16384 --masks sliding_window $FV --iters 1 ;;
   bwd_full)    prof $c 'flashmask_bwd' $PY benchmarks/bwd_timing.py --tokens 16384 --masks full $BV --iters 1 --no-check ;;
   bwd_sliding) prof $c 'flashmask_bwd' $PY benchmarks/bwd_timing.py --tokens 16384 --masks sliding_window $BV --iters 1 --no-check ;;
   esac

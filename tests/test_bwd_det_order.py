@@ -202,7 +202,7 @@ BLOCKWISE = (_blockwise(3, [700, 260, 900, 180, 1100, 460]), 3600, 3, 3)  # 9 pa
 @pytest.mark.parametrize("resident", [1, 2, 132])
 def test_v19_never_deadlocks(resident):
     """Variant 19 and 16 (one dQ buffer, 80-row tiles) end on every case in deterministic mode with
-    one, two or 132 resident CTAs, and on a causal-blockwise launch whose rule picks G = 8."""
+    one, two or 132 resident CTAs, and on a causal-blockwise launch whose rule picks G = 4."""
     for name, (b, Sq, N, K) in list(CASES.items()) + [("blockwise_groups", BLOCKWISE)]:
         for cfg in ("v19", "v16"):
             r = proto.simulate(b, Sq, N, K, cfg, True, 1, resident)
@@ -221,19 +221,20 @@ def test_v19_default_mode_is_variant16():
 
 
 def test_v19_group_rule():
-    """bwd_det_group80_kernel's rule (host twin) on the 32K suite at 80-row tiles: document 8,
-    global_sliding_window 7 (co-started chains: variant 17's rule), causal_blockwise 8 (inverted
-    tails: the top key block of a document ends on the last document's rows with a shorter walk
-    than the key block above it), every other mask 1 (variant 16's launch order)."""
+    """bwd_det_group80_kernel's rule (host twin) on the 32K suite at 80-row tiles: document 6,
+    global_sliding_window 5 (co-started chains: variant 17's rule, 8 and 7, capped by the L2
+    budget of 300 tiles over a mean walk of 50 / 54 tiles), causal_blockwise 4 (inverted tails:
+    the top key block of a document ends on the last document's rows with a shorter walk than the
+    key block above it), every other mask 1 (variant 16's launch order)."""
     got = {m: _model.suite_group19(m)[0] for m in _model.MEASURED16}
     want = {m: 1 for m in _model.MEASURED16}
-    want.update(document=8, global_sliding_window=7, causal_blockwise=8)
+    want.update(document=6, global_sliding_window=5, causal_blockwise=4)
     assert got == want
     # protocol twin == model twin on the blockwise case; the grouped grid is a bijection with every
     # key block above an item (all it can wait for) at a lower grid position
     b, Sq, N, K = BLOCKWISE
     P = proto.Problem(b, Sq, N, K, Bm=80)
-    assert P.auto_group19() == 8 and P.K * P.B == 9
+    assert P.auto_group19() == 4 and P.K * P.B == 9
     items = proto.grid_items(P, 19, True)
     pos = {it: x for x, it in enumerate(items)}
     assert len(pos) == len(items) == P.nblk * P.K * P.B
@@ -245,7 +246,9 @@ def test_v19_group_rule():
     # the arithmetic: (kept, live, co-starting, inverted tiles, items, mblk, pairs)
     assert _model.auto_group19(100, 10, 4, 0, 10, 40, 16) == 1          # nothing
     assert _model.auto_group19(100, 10, 5, 0, 10, 40, 16) == 4          # co-start: 40 * 10 / 100
-    assert _model.auto_group19(100, 10, 0, 1, 10, 40, 16) == 8          # inverted >= kept / 128
+    assert _model.auto_group19(100, 10, 0, 1, 10, 40, 16) == 4          # inverted >= kept / 128
+    assert _model.auto_group19(1000, 4, 4, 0, 4, 1000, 16) == 1         # co-start 4, L2: 300 * 4 / 1000
+    assert _model.auto_group19(1000, 10, 0, 8, 10, 200, 16) == 3        # inverted 4, L2: 300 * 10 / 1000
     assert _model.auto_group19(200, 10, 0, 1, 10, 40, 16) == 1          # inverted < kept / 128
     assert _model.auto_group19(100, 10, 0, 1, 10, 40, 3) == 3           # clamped to the pairs
     assert _model.auto_group19(0, 0, 0, 0, 10, 40, 16) == 1             # nothing kept

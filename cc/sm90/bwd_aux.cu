@@ -399,6 +399,16 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group_kernel(
 // kept(n + 1) - kept(n) tiles earlier than the key block that adds there before it (causal
 // blockwise: the top key block of each document below a longer one, on the last document's rows).
 constexpr int kDetGroupRows80 = 80;
+// The launch group's L2 budget, in 80-row query tiles: G interleaved pairs walk about G * L tiles
+// (L = mean kept tiles per live key block), each tile's Q, dO and fp32 dQ rows ~80 KB at d = 128,
+// so 300 tiles ~ 24 MB, half the L2. H200 s11 (deterministic, TFLOP/s at G = 1 / 2 / 4 / 8):
+// 128K document (L = 186) 460 / 463 / 453 / 437, global_sliding_window (L = 203) 465 / 456 /
+// 446 / 426; 32K (L ~ 50-60) G = 4 >= 8 on document, global_sliding_window, causal_blockwise; at
+// 8K (L <= 38) the co-start G (global_sliding_window 6, prefix_lm_document 5) beats 4.
+constexpr unsigned kDetGroupTileBudget = 300;
+// G of the inverted-tails branch (causal blockwise): H200 s11, G = 2 / 4 / 8: 32K 361 / 405 / 400,
+// 128K 403 / 405 / 390, 8K 4 / 8: 411 / 397 TFLOP/s (session 10: 16 / 32 / 64 lose more).
+constexpr unsigned kDetGroupInverted = 4;
 
 __device__ __forceinline__ void det_skip80(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
                                            int& h1, int& l2, int& h2) {
@@ -460,15 +470,18 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
   if (threadIdx.x == 0) {
     const int cap = max(1, min(max_group, pairs));
     // co-starting chains (documents, global rows): variant 17's G; inverted tails worth at least
-    // 1/128 of the kept tiles (causal blockwise): G = cap; otherwise G = 1 (variant 16's order).
-    // Host twin: benchmarks/bwd_det_model.py auto_group19.
+    // 1/128 of the kept tiles (causal blockwise): G = kDetGroupInverted; otherwise G = 1 (variant
+    // 16's order). Then the L2 budget: G * (mean kept tiles per live key block) <=
+    // kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py auto_group19.
     unsigned long long g = 1ull;
     if (tot[1] > 0ull) {
       if (2ull * tot[2] >= tot[1])
         g = tot[0] == 0ull ? (unsigned long long)cap
                            : (unsigned long long)mblk * (unsigned long long)items / tot[0];
       else if (128ull * tot[3] >= tot[0])
-        g = (unsigned long long)cap;
+        g = (unsigned long long)kDetGroupInverted;
+      if (tot[0] > 0ull)
+        g = min(g, (unsigned long long)kDetGroupTileBudget * tot[1] / tot[0]);
     }
     sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
   }

@@ -269,7 +269,8 @@ struct BwdDetAuto : Base {
 // chains whose key blocks reach their shared query tiles together (documents, global rows: the
 // key blocks start at the same tile) or in inverted order (causal blockwise: a document's top key
 // block ends on the last document's rows, shared with every key block, with a shorter walk than
-// the key block above it). Elsewhere G = 1: variant 16's launch order, walk and all. The walk
+// the key block above it), capped so that the group's rows stay in L2 (bwd_aux.cu
+// kDetGroupTileBudget). Elsewhere G = 1: variant 16's launch order, walk and all. The walk
 // order and the per-tile summation order (descending key block) are 16's: every gradient bitwise
 // variant 16's in deterministic mode (dK / dV in both modes); in the default mode it is variant
 // 16, launch included. Deadlock-free as variant 14 (a CTA waits only for key blocks above it of

@@ -1,0 +1,57 @@
+"""The kernels of one fwd+bwd step, ours against cuDNN (d = 128, bf16, 8K, B = 2, H = 32).
+
+    ncu --metrics gpu__time_duration.sum --csv python benchmarks/step_kernels.py run cudnn full > c.csv
+    python benchmarks/step_kernels.py table c.csv 9      # the last 9 kernels (the third step)
+
+`run IMPL MASK` (IMPL: cudnn | ours, MASK: full | causal) runs the jitted jax.vjp step three
+times; under ncu the last step's launches name every pass (forward, D / dq_accum preparation,
+backward, dQ conversion) with its duration. `table` prints the tail of ncu's CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+
+def run(impl: str, mask: str) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    import jax_flashmask as jf
+
+    causal = mask == "causal"
+    q, k, v, g = (jax.random.normal(kk, (2, 8192, 32, 128), jnp.bfloat16)
+                  for kk in jax.random.split(jax.random.PRNGKey(0), 4))
+    if impl == "cudnn":
+        att = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")  # noqa: E731
+    else:
+        att = lambda q, k, v: jf.attention(q, k, v, causal=causal, implementation="cuda")  # noqa: E731
+    step = jax.jit(lambda q, k, v, g: jax.vjp(att, q, k, v)[1](g))
+    for _ in range(3):
+        jax.block_until_ready(step(q, k, v, g))
+
+
+def table(path: str, last: int) -> None:
+    with open(path) as fh:
+        lines = [line for line in fh if line.startswith('"')]
+    rows = [(int(r["ID"]), r["Kernel Name"][:90], float(r["Metric Value"].replace(",", "")), r["Metric Unit"])
+            for r in csv.DictReader(lines) if r.get("Metric Name") == "gpu__time_duration.sum"]
+    print(f"{len(rows)} kernels; last {last}:")
+    for i, name, val, unit in rows[-last:]:
+        print(f"{i:5d} {val:12.1f} {unit:5s} {name}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "run":
+        run(argv[1], argv[2])
+    elif len(argv) in (2, 3) and argv[0] == "table":
+        table(argv[1], int(argv[2]) if len(argv) == 3 else 12)
+    else:
+        print(__doc__)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
