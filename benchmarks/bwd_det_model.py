@@ -573,7 +573,8 @@ INVERTED_G19 = 4
 
 def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
     """Variant 19's G (bwd_det_group80_kernel): co-starting chains (>= half of the live key
-    blocks: documents, global + window) -> G = mblk * items / kept (variant 17's rule); inverted
+    blocks: documents, global + window) keeping on average at most half of the query tiles ->
+    G = cap; inverted
     tails worth >= 1/128 of the kept tiles (causal blockwise) -> G = INVERTED_G19; else 1. Then
     G * (mean kept tiles per live key block) <= TILE_BUDGET19 (the group's rows in L2), clamped
     to [1, min(cap, pairs)]."""
@@ -582,7 +583,7 @@ def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
         return 1
     g = 1
     if 2 * co >= live:
-        g = cap if kept == 0 else mblk * items // kept
+        g = cap if 2 * kept <= mblk * items else 1  # not walks over the whole head (full)
     elif 128 * inv >= kept:
         g = INVERTED_G19
     if kept:

@@ -415,11 +415,13 @@ DEFAULT_BWD_DQ_MODE = 1
 #      interleaved launch groups, G chosen per launch on the device (bwd_aux.cu
 #      bwd_det_group80_kernel, at 80-row tiles): G = 1 (16's launch order) unless the key blocks'
 #      ordered dQ chains reach their shared tiles together (most key blocks start at the tile where
-#      the key block above starts: documents, global rows -> 17's G, at most 8) or in inverted
-#      order (a key block ending where the one above ends with a shorter walk, >= 1/128 of the kept
-#      tiles: causal blockwise -> 4), then at most 300 / (mean kept tiles per key block) so that
-#      the group's rows stay in L2 (since s11: 128K document / global_sliding_window -> 1, causal
-#      blockwise -> 2; 32K document 8 -> 6, gsw 7 -> 5). Walk, writer and per-tile order are 16's: every gradient
+#      the key block above starts: documents, global rows -> 8, unless the key blocks keep more
+#      than half the query tiles on average) or in inverted order (a key block ending where the one
+#      above ends with a shorter walk, >= 1/128 of the kept tiles: causal blockwise -> 4), then at
+#      most 300 / (mean kept tiles per key block) so that the group's rows stay in L2 (since s11:
+#      128K document / global_sliding_window 8 -> 1, causal blockwise 8 -> 2; 32K document 8 -> 6,
+#      gsw 7 -> 5; 8K document 3 -> 8, gsw 6 -> 8, prefix_lm_document 5 -> 8, causal blockwise 8 -> 4).
+#      Walk, writer and per-tile order are 16's: every gradient
 #      bitwise variant 16's in deterministic mode; default mode = variant 16. JFM_BWD_DET_GROUP=G
 #      overrides G. The deterministic default at d = 128 since s9 (benchmarks/NOTES_detwalk.md).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:

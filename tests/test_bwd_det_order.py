@@ -245,12 +245,13 @@ def test_v19_group_rule():
         assert proto.grid_items(P, 19, True) == proto.grid_items(P, 16, True), name
     # the arithmetic: (kept, live, co-starting, inverted tiles, items, mblk, pairs)
     assert _model.auto_group19(100, 10, 4, 0, 10, 40, 16) == 1          # nothing
-    assert _model.auto_group19(100, 10, 5, 0, 10, 40, 16) == 4          # co-start: 40 * 10 / 100
+    assert _model.auto_group19(100, 10, 5, 0, 10, 40, 16) == 8          # co-start: the cap
+    assert _model.auto_group19(100, 10, 5, 0, 10, 19, 16) == 1          # co-start over > half the tiles
     assert _model.auto_group19(100, 10, 0, 1, 10, 40, 16) == 4          # inverted >= kept / 128
-    assert _model.auto_group19(1000, 4, 4, 0, 4, 1000, 16) == 1         # co-start 4, L2: 300 * 4 / 1000
+    assert _model.auto_group19(1000, 4, 4, 0, 4, 1000, 16) == 1         # co-start 8, L2: 300 * 4 / 1000
     assert _model.auto_group19(1000, 10, 0, 8, 10, 200, 16) == 3        # inverted 4, L2: 300 * 10 / 1000
     assert _model.auto_group19(200, 10, 0, 1, 10, 40, 16) == 1          # inverted < kept / 128
-    assert _model.auto_group19(100, 10, 0, 1, 10, 40, 3) == 3           # clamped to the pairs
+    assert _model.auto_group19(100, 10, 5, 0, 10, 40, 3) == 3           # clamped to the pairs
     assert _model.auto_group19(0, 0, 0, 0, 10, 40, 16) == 1             # nothing kept
 
 

@@ -404,7 +404,10 @@ constexpr int kDetGroupRows80 = 80;
 // so 300 tiles ~ 24 MB, half the L2. H200 s11 (deterministic, TFLOP/s at G = 1 / 2 / 4 / 8):
 // 128K document (L = 186) 460 / 463 / 453 / 437, global_sliding_window (L = 203) 465 / 456 /
 // 446 / 426; 32K (L ~ 50-60) G = 4 >= 8 on document, global_sliding_window, causal_blockwise; at
-// 8K (L <= 38) the co-start G (global_sliding_window 6, prefix_lm_document 5) beats 4.
+// 8K (L <= 38) the co-start chains want the full 8: document 3 / 4 / 8 -> 396 / 403 / 412,
+// global_sliding_window 4 / 6 / 8 -> 338 / 344 / 349, prefix_lm_document 5 / 8 -> 372 / 383, so
+// co-starting chains take G = 8 and the budget alone limits it (variant 17's mblk / L rule, fitted
+// at 32K, stays only as the switch that keeps full / causal-like walks at G = 1).
 constexpr unsigned kDetGroupTileBudget = 300;
 // G of the inverted-tails branch (causal blockwise): H200 s11, G = 2 / 4 / 8: 32K 361 / 405 / 400,
 // 128K 403 / 405 / 390, 8K 4 / 8: 411 / 397 TFLOP/s (session 10: 16 / 32 / 64 lose more).
@@ -469,15 +472,16 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
   __syncthreads();
   if (threadIdx.x == 0) {
     const int cap = max(1, min(max_group, pairs));
-    // co-starting chains (documents, global rows): variant 17's G; inverted tails worth at least
-    // 1/128 of the kept tiles (causal blockwise): G = kDetGroupInverted; otherwise G = 1 (variant
-    // 16's order). Then the L2 budget: G * (mean kept tiles per live key block) <=
-    // kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py auto_group19.
+    // co-starting chains (documents, global rows) whose key blocks keep on average at most half
+    // of the query tiles (not full / causal-like walks over the whole head): G = cap; inverted
+    // tails worth at least 1/128 of the kept tiles (causal blockwise): G = kDetGroupInverted;
+    // otherwise G = 1 (variant 16's order). Then the L2 budget: G * (mean kept tiles per live key
+    // block) <= kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py auto_group19.
     unsigned long long g = 1ull;
     if (tot[1] > 0ull) {
       if (2ull * tot[2] >= tot[1])
-        g = tot[0] == 0ull ? (unsigned long long)cap
-                           : (unsigned long long)mblk * (unsigned long long)items / tot[0];
+        g = 2ull * tot[0] <= (unsigned long long)mblk * (unsigned long long)items
+                ? (unsigned long long)cap : 1ull;
       else if (128ull * tot[3] >= tot[0])
         g = (unsigned long long)kDetGroupInverted;
       if (tot[0] > 0ull)

@@ -33,7 +33,8 @@ cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, i
 cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                int mblk, int Sq, int pairs, int max_group, cudaStream_t stream);
 // Variant 19 pre-pass (one CTA, deterministic mode): sched[1] = G for variant 16's 80-row tiles:
-// variant 17's rule when most key blocks start at the first tile of the key block above them,
+// min(max_group, pairs) when most key blocks start at the first tile of the key block above them
+// and the key blocks keep on average at most half of the query tiles,
 // 4 when inverted tails (a key block ending where the one above it ends with a shorter walk) hold
 // >= 1/128 of the kept tiles, else 1; then at most 300 / (mean kept tiles per live key block) (the
 // group's rows in L2), clamped to [1, min(max_group, pairs)] (bwd_aux.cu bwd_det_group80_kernel).
