@@ -574,10 +574,9 @@ INVERTED_G19 = 4
 def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
     """Variant 19's G (bwd_det_group80_kernel): co-starting chains (>= half of the live key
     blocks: documents, global + window) keeping on average at most half of the query tiles ->
-    G = cap; inverted
-    tails worth >= 1/128 of the kept tiles (causal blockwise) -> G = INVERTED_G19; else 1. Then
-    G * (mean kept tiles per live key block) <= TILE_BUDGET19 (the group's rows in L2), clamped
-    to [1, min(cap, pairs)]."""
+    G = cap; inverted tails worth >= 1/128 of the kept tiles (causal blockwise) -> G =
+    INVERTED_G19; else 1. Then G * (mean kept tiles per live key block) <= TILE_BUDGET19 (the
+    group's rows in L2), clamped to [1, min(cap, pairs)]."""
     cap = max(1, min(cap, pairs))
     if live == 0:
         return 1

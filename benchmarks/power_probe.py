@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--masks", nargs="+", default=["full", "causal"])
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    import jax_flashmask as jf
+    from step_kernels import attention_fn  # a sibling script (benchmarks/ is sys.path[0])
 
     S, H, D = a.seq, 32, 128
     B = max(1, a.tokens // S)
@@ -42,11 +42,8 @@ def main(argv=None) -> int:
     for mask in a.masks:
         causal = mask == "causal"
         fl = 4.0 * B * H * S * S * D * (0.5 if causal else 1.0)  # ~ (1 - rho) at 128-row tiles
-        impls = {
-            "cudnn": lambda q, k, v, c=causal: jax.nn.dot_product_attention(q, k, v, is_causal=c, implementation="cudnn"),
-            "ours": lambda q, k, v, c=causal: jf.attention(q, k, v, causal=c, implementation="cuda"),
-        }
-        for name, att in impls.items():
+        for name in ("cudnn", "ours"):
+            att = attention_fn(name, causal)
             for kind in ("fwd", "fwd+bwd"):
                 if kind == "fwd":
                     f, args, flops = jax.jit(att), (q, k, v), fl
@@ -60,9 +57,9 @@ def main(argv=None) -> int:
                     s = time.perf_counter()
                     jax.block_until_ready(f(*args))
                     ts.append(time.perf_counter() - s)
+                t = statistics.median(ts)
                 phases.append(dict(mask=mask, impl=name, kind=kind, t0=t0, t1=time.time(),
-                                   ms=statistics.median(ts) * 1e3, calls=len(ts),
-                                   tflops=flops / statistics.median(ts) / 1e12))
+                                   ms=t * 1e3, calls=len(ts), tflops=flops / t / 1e12))
                 time.sleep(1.0)  # let the clock recover between phases
     smi.terminate()
     samples = []

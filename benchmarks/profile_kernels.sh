@@ -4,14 +4,15 @@
 # reasons). One launch per case, the third (after jit + warm-up). Run from the repo root on the
 # device; one text report per case under $OUT (ncu_<case>.txt).
 #   JFM_PROF_CASES: subset of "fwd_full fwd_sliding bwd_full bwd_sliding" (default all);
-#   JFM_PROF_FWD_VARIANT (default 11) / JFM_PROF_BWD_VARIANT (default: the library default); JFM_PROF_TIMEOUT per
-#   case (default 60 s).
+#   JFM_PROF_FWD_VARIANT / JFM_PROF_BWD_VARIANT (default: the library's d = 128 default);
+#   JFM_PROF_TIMEOUT per case (default 60 s).
 set -u -o pipefail
 OUT=${OUT:-/tmp/jfm_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
 PY=${PY:-python3}
 NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
-FV="--variants ${JFM_PROF_FWD_VARIANT:-11}"  # 11: the d = 128 default (kernel_timing.py defaults to 2)
+# the library's d = 128 forward default unless set (kernel_timing.py itself defaults to variant 2)
+FV="--variants ${JFM_PROF_FWD_VARIANT:-$($PY -c 'from jax_flashmask import _cuda; print(_cuda.resolve_variant(None))')}"
 BV=${JFM_PROF_BWD_VARIANT:+--variants $JFM_PROF_BWD_VARIANT}
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis"
 prof() {  # prof NAME KERNEL_REGEX COMMAND...

@@ -20,19 +20,25 @@ import csv
 import sys
 
 
+def attention_fn(impl: str, causal: bool):
+    """(q, k, v) -> out for IMPL "cudnn" (jax.nn.dot_product_attention) or "ours" (the Hopper
+    kernels through jax_flashmask.attention); benchmarks/power_probe.py times the same two."""
+    import jax
+
+    if impl == "cudnn":
+        return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+    import jax_flashmask as jf
+
+    return lambda q, k, v: jf.attention(q, k, v, causal=causal, implementation="cuda")
+
+
 def run(impl: str, mask: str) -> None:
     import jax
     import jax.numpy as jnp
 
-    import jax_flashmask as jf
-
-    causal = mask == "causal"
     q, k, v, g = (jax.random.normal(kk, (2, 8192, 32, 128), jnp.bfloat16)
                   for kk in jax.random.split(jax.random.PRNGKey(0), 4))
-    if impl == "cudnn":
-        att = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")  # noqa: E731
-    else:
-        att = lambda q, k, v: jf.attention(q, k, v, causal=causal, implementation="cuda")  # noqa: E731
+    att = attention_fn(impl, mask == "causal")
     step = jax.jit(lambda q, k, v, g: jax.vjp(att, q, k, v)[1](g))
     for _ in range(3):
         jax.block_until_ready(step(q, k, v, g))
@@ -49,7 +55,8 @@ def table(path: str, last: int) -> None:
 
 
 def stalls(path: str, top: int) -> None:
-    rows = list(csv.reader(open(path)))
+    with open(path) as fh:
+        rows = list(csv.reader(fh))
     head = next(r for r in rows if r and r[0] == "Address")
     data = [r for r in rows if r and r[0].startswith("0x") and len(r) == len(head)]
     col = {h: i for i, h in enumerate(head)}
