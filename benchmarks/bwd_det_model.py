@@ -462,14 +462,32 @@ def walk_order(kept, n, walk, nkeep, nblk, Bm=80):
     raise ValueError(walk)
 
 
+# bwd_aux.cu kDetOrderWindow: key blocks per window of variant 21's order
+ORDER_WINDOW21 = 256
+
+
+def kept_rank_order(kept, window=ORDER_WINDOW21):
+    """Variant 21's summation and launch order of an inverted pair (arrival order at a shared
+    tail): windows of `window` consecutive key blocks, the highest window first; inside a window
+    ascending kept-tile count, ties by descending key block. kept = the kept tile lists."""
+    return kept_rank_order_counts([len(t) for t in kept], window)
+
+
+def kept_rank_order_counts(counts, window=ORDER_WINDOW21):
+    """kept_rank_order from the kept-tile counts (bwd_aux.cu det_order80): position -> key block."""
+    return sorted(range(len(counts)), key=lambda n: (-(n // window), counts[n], -n))
+
+
 def simulate16(mask, det, order="x", walk="asc", heads=16, T=3.27, Tp=3.5, s=0.4, Rr=0.4, Rc=2.4,
-               poll=0.8, wfix=0.4, pro=4.0, epi=3.0, sms=132, nbuf=1, Bm=80):
+               poll=0.8, wfix=0.4, pro=4.0, epi=3.0, sms=132, nbuf=1, Bm=80, sumorder="desc", S=S):
     """Total time (us) of `heads` (kv head, batch) pairs, variant 16's CTA timeline (one dQ buffer:
     tile k's dQ store waits until the writer is done with tile k-1). Deterministic writer per tile:
     F_k = max(C_k, F_{k-1} + wfix, P + poll) + Rc, P = the bit time of the predecessor key block
     on the tile; default: F_k = max(C_k, F_{k-1}) + Rr."""
     kept, parts, mblk = suite_tiles(mask, S, Bm)
     nblk = len(kept)
+    seq = (list(range(nblk - 1, -1, -1)) if sumorder == "desc" else
+           kept_rank_order(kept, int(sumorder[4:]) if sumorder[4:] else ORDER_WINDOW21))
     nkeep = [0] * mblk
     for t in kept:
         for m in t:
@@ -477,7 +495,7 @@ def simulate16(mask, det, order="x", walk="asc", heads=16, T=3.27, Tp=3.5, s=0.4
     # predecessor of n on m: the next higher keeper
     pred = {}
     last = {}
-    for n in range(nblk - 1, -1, -1):
+    for n in seq:
         for m in kept[n]:
             if m in last:
                 pred[(n, m)] = last[m]
@@ -485,13 +503,13 @@ def simulate16(mask, det, order="x", walk="asc", heads=16, T=3.27, Tp=3.5, s=0.4
     walks = [walk_order(kept, n, walk, nkeep, nblk, Bm) for n in range(nblk)]
     tt = [[Tp if m in parts[n] else T for m in w] for n, w in enumerate(walks)]
     if order == "x":
-        items = [(nblk - 1 - x, h) for h in range(heads) for x in range(nblk)]
+        items = [(seq[x], h) for h in range(heads) for x in range(nblk)]
     else:
         G = int(order[1:])
         items = []
         for g0 in range(0, heads, G):
             gs = min(G, heads - g0)
-            items += [(nblk - 1 - r // gs, g0 + r % gs) for r in range(nblk * gs)]
+            items += [(seq[r // gs], g0 + r % gs) for r in range(nblk * gs)]
     bit = [dict() for _ in range(heads)]
     free = [0.0] * sms
     end = 0.0
@@ -581,13 +599,27 @@ def auto_group19(kept, live, co, inv, items, mblk, pairs, cap=8):
     if live == 0:
         return 1
     g = 1
-    if 2 * co >= live:
+    branch = rule19_branch(kept, live, co, inv)
+    if branch == "costart":
         g = cap if 2 * kept <= mblk * items else 1  # not walks over the whole head (full)
-    elif 128 * inv >= kept:
+    elif branch == "inverted":
         g = INVERTED_G19
     if kept:
         g = min(g, TILE_BUDGET19 * live // kept)
     return max(1, min(g, cap))
+
+
+def rule19_branch(kept, live, co, inv):
+    """Which branch of variant 19's rule applies: "costart" (>= half of the live key blocks start
+    where the one above starts), "inverted" (inverted tails >= 1/128 of the kept tiles: variant 21
+    then also reorders the key blocks) or "none"."""
+    if live == 0:
+        return "none"
+    if 2 * co >= live:
+        return "costart"
+    if 128 * inv >= kept:
+        return "inverted"
+    return "none"
 
 
 def suite_group19(mask, pairs=128, Bm=80):

@@ -87,11 +87,13 @@ CONFIGS = {
     # deterministic launch groups of bwd_det_group80_kernel (host twin Problem.auto_group19)
     "v16": (16, "v5", False, True),
     "v19": (19, "v5", False, True),
+    # variant 21: 19 with the pre-pass's key-block order (launch + summation) on inverted tails
+    "v21": (21, "v5", False, True),
 }
-CONFIG_BM = {"v16": 80, "v19": 80}  # query tile rows (others: BM)
-CONFIG_DQBUFS = {"v16": 1, "v19": 1}  # fp32 dQ smem buffers (others: 2)
+CONFIG_BM = {"v16": 80, "v19": 80, "v21": 80}  # query tile rows (others: BM)
+CONFIG_DQBUFS = {"v16": 1, "v19": 1, "v21": 1}  # fp32 dQ smem buffers (others: 2)
 # the kernels as they are (the protocol check runs these in every mode)
-KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19")
+KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19", "v21")
 
 
 class MBar:
@@ -179,7 +181,22 @@ class Problem:
     def auto_group19(self, cap=DET_GROUP_PAIRS):
         """Variant 19's launch group size: bwd_det_group80_kernel on this launch's block metadata
         (kept / first / last kept tile per item at self.Bm rows; rule: bwd_det_model.auto_group19)."""
+        kept, live, co, inv, _ = self._stats19()
+        return _det.auto_group19(kept, live, co, inv, self.B * self.Hm * self.nblk, self.mblk,
+                                 self.K * self.B, cap)
+
+    def order21(self):
+        """Variant 21's key-block order per (batch, mask head) -- position -> key block, ascending
+        kept tiles, ties descending key block -- when the rule takes its inverted-tails branch
+        (bwd_det_group80_kernel with perm); None otherwise (descending key block)."""
+        kept, live, co, inv, counts = self._stats19()
+        if _det.rule19_branch(kept, live, co, inv) != "inverted":
+            return None
+        return {bh: _det.kept_rank_order_counts(c) for bh, c in counts.items()}
+
+    def _stats19(self):
         kept = live = co = inv = 0
+        counts = {}
         for b in range(self.B):
             for hm in range(self.Hm):
                 rows = []
@@ -197,6 +214,7 @@ class Problem:
                         if lo <= la <= hi:
                             la = lo - 1
                     rows.append((k, f, la))
+                counts[(b, hm)] = [r[0] for r in rows]
                 for n, (k, f, la) in enumerate(rows):
                     kept += k
                     if k > 0:
@@ -206,8 +224,7 @@ class Problem:
                             co += f == fu
                             if ku > k and la == lau:
                                 inv += ku - k
-        return _det.auto_group19(kept, live, co, inv, self.B * self.Hm * self.nblk, self.mblk,
-                                 self.K * self.B, cap)
+        return kept, live, co, inv, counts
 
     def _inside(self, lo_key, hi_key):  # bwd_aux.cu sched_inside
         lo = (max(lo_key, 0) + self.Bm - 1) // self.Bm
@@ -231,25 +248,41 @@ class Problem:
 def grid_items(P: Problem, variant: int, det: bool, G: int | None = None):
     """(n, hk, b) per linear block index, as bwd_pp_item decodes it for the launch grid of
     launch_bwd_impl (1-D for variants 14 / 15 in deterministic mode, else (nblk, K, B))."""
-    if variant in (14, 15, 17, 19) and det:
+    return [it[:3] for it in grid_slots(P, variant, det, G)]
+
+
+def grid_slots(P: Problem, variant: int, det: bool, G: int | None = None):
+    """(n, hk, b, slot) per linear block index: grid_items plus the CTA's ordering slot (its bit;
+    n except for variant 21's reordered pairs)."""
+    if variant in (14, 15, 17, 19, 21) and det:
         pairs = P.K * P.B
         if variant == 17 and not (G and G > 0):
             G = P.auto_group()
-        if variant == 19 and not (G and G > 0):
+        if variant in (19, 21) and not (G and G > 0):
             G = P.auto_group19()
         G = max(1, min(pairs, G if G and G > 0 else DET_GROUP_PAIRS))
-        return [_det.det_group_item(x, P.nblk, P.K, P.B, G) for x in range(P.nblk * P.K * P.B)]
+        order = P.order21() if variant == 21 else None
+        out = []
+        for x in range(P.nblk * P.K * P.B):
+            slot, hk, b = _det.det_group_item(x, P.nblk, P.K, P.B, G)
+            n = slot
+            if order is not None:
+                n = order[(b, hk * P.hpk // P.hpm)][P.nblk - 1 - slot]
+            out.append((n, hk, b, slot))
+        return out
     out = []
     for z in range(P.B):
         for y in range(P.K):
             for x in range(P.nblk):
-                out.append((P.nblk - 1 - x if det else x, y, z))
+                n = P.nblk - 1 - x if det else x
+                out.append((n, y, z, n))
     return out
 
 
 class Cta:
     def __init__(self, sim, idx, item):
         self.sim, self.idx, self.item = sim, idx, item
+        self.slot = sim.slot[item]
         n, hk, b = item
         self.full = [MBar(f"full[{s}]", 1) for s in range(2)]
         self.empty = [MBar(f"empty[{s}]", 256) for s in range(2)]
@@ -287,9 +320,9 @@ class Cta:
 
     # ---- warp 2: skipped tiles' bits at CTA start (relaxed red.or)
     def warp2(self):
-        P, (n, hk, b) = self.sim.P, self.item
+        P, (n, hk, b), s = self.sim.P, self.item, self.slot
         for h, m in P.skipped(b, hk, n):
-            self.sim.bits.setdefault((b, h, m), set()).add(n)
+            self.sim.bits.setdefault((b, h, m), set()).add(s)
         return
         yield  # noqa: unreachable (generator)
 
@@ -391,7 +424,7 @@ class Cta:
 
     # ---- warp 1: dQ writer
     def writer(self):
-        sim, P, (n, hk, b) = self.sim, self.sim.P, self.item
+        sim, P, (n, hk, b), s = self.sim, self.sim.P, self.item, self.slot
         have, g, m = self.have0
         code = sim.writer if sim.det else "default"
         buf, phase = 0, 0
@@ -402,23 +435,23 @@ class Cta:
             f = self.dq_full[buf]
             yield Wait(lambda f=f, p=phase: f.ready(p), f"writer: dq_full[{buf}] (tile {k})")
             if sim.det:
-                need = set(range(n + 1, P.nblk))
+                need = set(range(s + 1, P.nblk))
                 key = (b, h, m)
                 yield Wait(lambda key=key, need=need: need <= sim.bits.get(key, set()),
-                           f"writer: ordering bits of key blocks {n + 1}..{P.nblk - 1} on (b {b}, h {h}, m {m})",
+                           f"writer: ordering bits of slots {s + 1}..{P.nblk - 1} on (b {b}, h {h}, m {m})",
                            bit=(b, h, m, need))
             # bulk reduce issued (and, below, complete whenever waited for)
             if code == "v5":
-                sim.bits.setdefault((b, h, m), set()).add(n)
+                sim.bits.setdefault((b, h, m), set()).add(s)
                 self.dq_empty[buf].arrive(1)
             elif code == "pipe":
                 if pend is not None:
-                    sim.bits.setdefault(pend[:3], set()).add(n)
+                    sim.bits.setdefault(pend[:3], set()).add(s)
                     self.dq_empty[pend[3]].arrive(1)
                 pend = (b, h, m, buf)
             elif code == "pipe_readfree":
                 if pend is not None:
-                    sim.bits.setdefault(pend[:3], set()).add(n)
+                    sim.bits.setdefault(pend[:3], set()).add(s)
                 self.dq_empty[buf].arrive(1)
                 pend = (b, h, m, buf)
             else:  # default mode
@@ -429,7 +462,7 @@ class Cta:
             k += 1
             have, g, m = P.find_kept(b, hk, n, g, m + 1)
         if pend is not None:
-            sim.bits.setdefault(pend[:3], set()).add(n)
+            sim.bits.setdefault(pend[:3], set()).add(s)
             if code == "pipe":
                 self.dq_empty[pend[3]].arrive(1)
 
@@ -442,8 +475,11 @@ class Sim:
         assert P.Bm == CONFIG_BM.get(config, BM), (config, P.Bm)
         self.dq_bulk = dq_mode == 1
         self.resident = resident
-        self.items = items if items is not None else grid_items(P, self.variant, det, G)
+        slots = grid_slots(P, self.variant, det, G) if items is None else [(*it, it[0]) for it in items]
+        self.items = [it[:3] for it in slots]
+        self.slot = {it[:3]: it[3] for it in slots}
         self.pos = {it: x for x, it in enumerate(self.items)}
+        self.pos_of_slot = {(it[3], it[1], it[2]): x for x, it in enumerate(slots)}
         self.bits = {}
 
     def run(self, max_steps=50_000_000):
@@ -488,10 +524,10 @@ class Sim:
                     miss = sorted(need - self.bits.get((bb, h, m), set()))
                     if miss:
                         cross = True
-                        owners = [self.pos[(x, hk, bb)] for x in miss]
+                        owners = [self.pos_of_slot[(x, hk, bb)] for x in miss]
                         if any(o >= nxt for o in owners):
                             unlaunched = True
-                        line += f"; missing bits of key blocks {miss} (grid positions {owners})"
+                        line += f"; missing bits of slots {miss} (grid positions {owners})"
                 blocked.append(line)
         own = [c for c in live if all(w.bit is None or not (w.bit[3] - self.bits.get(w.bit[:3], set()))
                                      for w in c.waiting.values())]

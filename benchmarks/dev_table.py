@@ -5,7 +5,8 @@
 One table per file: a row per (S, d, mask), a column per implementation, TFLOP/s in the FlashMask
 convention; an implementation timed more than once in a run (e.g. ``--variants 3 7 3 7``) shows
 every sample, in order. A backward variant timed in both modes (``--det 0 1``) also gets the
-deterministic / default ratio (worst sample over best).
+deterministic / default ratio (worst sample over best); so does every deterministic one in a file
+with a single default-mode implementation (variant None: 16 and 21 at d = 128).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def table(path: Path) -> str:
         cells.setdefault(key, {}).setdefault(r["impl"], []).append(r["tflops_fm"])
     # a backward variant timed in both modes (bwd_timing.py --det 0 1): also det / default
     pairs = [(i, i.replace("_det_", "_")) for i in impls if "_det_" in i and i.replace("_det_", "_") in impls]
+    # variant=None in both modes runs another variant per mode (16 / 21 at d = 128): a file with one
+    # default-mode implementation pairs every deterministic one with it
+    plain = [i for i in impls if "_det_" not in i]
+    if not pairs and len(plain) == 1:
+        pairs = [(i, plain[0]) for i in impls if "_det_" in i]
     heads = impls + [f"{a} / {b}" for a, b in pairs]
     out = [f"### {path.name}", "", "| S | d | mask | " + " | ".join(heads) + " |",
            "|---|---|---|" + "---:|" * len(heads)]

@@ -424,6 +424,14 @@ DEFAULT_BWD_DQ_MODE = 1
 #      Walk, writer and per-tile order are 16's: every gradient
 #      bitwise variant 16's in deterministic mode; default mode = variant 16. JFM_BWD_DET_GROUP=G
 #      overrides G. The deterministic default at d = 128 since s9 (benchmarks/NOTES_detwalk.md).
+#  21: variant 19 whose pre-pass, in the inverted-tails case (causal blockwise), also writes each
+#      (batch, mask head)'s key blocks in ascending kept-tile count (ties: descending key block),
+#      the order in which their walks reach the shared tail; that order is the pair's launch order
+#      and every query tile's dQ summation order (bwd_kernel.cuh BwdDetAuto80 / BwdArgs::det_perm).
+#      dK / dV bitwise 16's; dQ deterministic, bitwise 19's on masks without inverted tails.
+#      Sorted inside windows of 256 key blocks (bwd_aux.cu kDetOrderWindow; JFM_BWD_DET_ORDER_WINDOW=W
+#      overrides it), so that the resident CTAs stay on a few documents' rows (L2) at 128K.
+#      JFM_BWD_DET_GROUP=G overrides G only (the order still comes from the pre-pass).
 # Every variant (and the d = 256 kernel) walks a key block's kept query tiles with the O(1) walk:
 # the tiles a key block skips form two contiguous ranges, so the next kept tile is at most three
 # jumps away (until 2026-12-01 variant 9 = variant 5 with this walk, the default at d = 128: H200
@@ -440,13 +448,13 @@ DEFAULT_BWD_DQ_MODE = 1
 # variants 5, 7, 10 and 11 launch one CTA per work item and ignore it. variant=None
 # (resolve_bwd_variant) picks variant 6 when sm_margin > 0 (the only one that can leave SMs free),
 # at every head dim, else DEFAULT_BWD_VARIANTS[d]: 11 at d = 64, 16 at d = 128, (nominal) 5 at 256
-# (deterministic: DEFAULT_DET_BWD_VARIANTS, 19 at d = 128).
+# (deterministic: DEFAULT_DET_BWD_VARIANTS, 21 at d = 128).
 # Head dim 256 has its own kernel for every variant number (cc/sm90/bwd_d256_kernel.cuh: 64 keys
 # per CTA, the two consumer warpgroups split d, dQ staged over the dead Q/dO stage; one CTA per
 # work item, sm_margin ignored). H200 session 3 run 4: 63 GPU tests, sanitizers clean; 8K, H=16:
 # full 321, causal 332, document 306 TFLOP/s (cuDNN 354 / 368 / -; the portable fallback it
 # replaces: 7.9 on full).
-BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19)
+BWD_VARIANTS = (5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19, 21)
 BWD_ROWS128_VARIANT = 7
 BWD_ROWS128_VARIANTS = (7, 11)  # 128-row query tiles: d = 64 only
 MASK_REGS_BWD_VARIANTS = {10: 5, 11: 7, 13: 12, 14: 5, 15: 5, 17: 13, 19: 16}  # variant -> the variant it is bitwise equal to
@@ -457,8 +465,9 @@ DET_AUTO_BWD_VARIANT = 17  # 13 with 15's writer and launch groups sized on the 
 LOCKSTEP_BWD_VARIANTS = (12, 13, 17)  # lock-step consumer warpgroups: d = 128 only (256: own kernel)
 # Variant 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (benchmarks/NOTES_bwd80.md); d = 128
 # only (ValueError at 64 and 256), Sq padded to a multiple of 80. The default at d = 128.
-BWD_ROWS80_VARIANTS = (16, 19)
+BWD_ROWS80_VARIANTS = (16, 19, 21)
 DET_AUTO80_BWD_VARIANT = 19  # 16 with launch groups sized on the device (deterministic; 80-row rule)
+DET_ORDER80_BWD_VARIANT = 21  # 19 with the key-block order of inverted tails (deterministic)
 # The base variant: d = 256's nominal number (and the deterministic default at d = 128 until s7).
 DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
                          # clean; 8K full 445 / causal 415 / document 369 TFLOP/s, deterministic
@@ -482,8 +491,12 @@ DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
 # on the device (bitwise 16's gradients; H200 s9 run 2, 32K, deterministic 16 -> 19, two alternated
 # runs: document 395 -> 422, global_sliding_window 362 -> 415, causal_blockwise 312 -> 398 TFLOP/s,
 # the other nine masks equal within 1 %; 80 GPU tests passed, memcheck 0 errors, racecheck 0
-# hazards). Before: 16 (s7-s8; 17 lost 18-25 % on short documents), 5 (s1-s6).
-DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DET_AUTO80_BWD_VARIANT}
+# hazards). Since s12 variant 21 = 19 with the key-block order of inverted tails (H200 s12 runs 2-4,
+# deterministic 19 -> 21 in one process: causal_blockwise 8K 408 -> 418, 32K 405 -> 418, 128K
+# 400 -> 410 TFLOP/s; document 426 -> 427, bitwise 19's there; 20 GPU tests, memcheck 0 errors,
+# racecheck 0 hazards). Before: 19 (s9-s11), 16 (s7-s8; 17 lost 18-25 % on short documents),
+# 5 (s1-s6).
+DEFAULT_DET_BWD_VARIANTS = {**DEFAULT_BWD_VARIANTS, 128: DET_ORDER80_BWD_VARIANT}
 PERSISTENT_BWD_VARIANT = 6
 
 
@@ -492,7 +505,7 @@ def resolve_bwd_variant(variant: int | None, head_dim: int, sm_margin: int = 0,
     """The backward kernel variant `backward(..., variant=variant, sm_margin=sm_margin)` runs at
     `head_dim`: None gives PERSISTENT_BWD_VARIANT (6) when sm_margin > 0, else
     DEFAULT_BWD_VARIANTS[head_dim] (11 at d = 64, 16 at d = 128, 5 at 256), or with
-    `deterministic` DEFAULT_DET_BWD_VARIANTS[head_dim] (19 at d = 128: 16's gradients bit for bit).
+    `deterministic` DEFAULT_DET_BWD_VARIANTS[head_dim] (21 at d = 128: 16's dK / dV bit for bit).
     ValueError for a variant that is not compiled, or not for `head_dim`. Needs neither the
     extension nor a GPU."""
     head_dim = int(head_dim)
@@ -535,8 +548,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     sm_margin: SMs the persistent variant 6 leaves free (it launches max(1, num_SMs - sm_margin)
     CTAs), e.g. for NCCL's kernels under context parallelism. Variants 5, 7, 10, 11 ignore it.
 
-    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 16 at d = 128 (19 with
-    deterministic=True: 16's gradients, launch groups sized on the device; resolve_bwd_variant).
+    variant=None: 6 when sm_margin > 0, else 11 at d = 64 and 16 at d = 128 (21 with
+    deterministic=True: 16's dK / dV, launch groups and order sized on the device;
+    resolve_bwd_variant).
     d=256: its own kernel (64 keys per CTA) for every `variant`; it ignores sm_margin.
     variant=7 / 11 (d = 64 only; ValueError at d = 128): 128-row query tiles (their dQ /
     row-statistics workspaces padded to a multiple of 128 rows). variant=10 / 11: variant 5 / 7 with
@@ -552,6 +566,8 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     the device in deterministic mode (bitwise variant 13's = 5's gradients).
     variant=19 (d = 128 only): variant 16 with launch groups sized per launch on the device in
     deterministic mode (documents, global rows, causal blockwise; bitwise variant 16's gradients).
+    variant=21 (d = 128 only): 19 whose deterministic dQ order (and launch order) follows the key
+    blocks' arrival at a shared tail on causal-blockwise-like masks (dK / dV bitwise 16's).
     """
     mod, reason = _load()
     if mod is None:
@@ -586,9 +602,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
         jax.ShapeDtypeStruct(v.shape, v.dtype),
         jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
         jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
-        # block metadata [B, Hm, 8, nblk], then variant 6's scheduler area (counter, 3 spare,
-        # key-block order [nblk])
-        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk,), jnp.int32),
+        # block metadata [B, Hm, 8, nblk], then the scheduler area: counter, G, order flag, spare,
+        # variant 6's key-block order [nblk], variant 21's key-block orders [B, Hm, nblk]
+        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk,), jnp.int32),
         jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")

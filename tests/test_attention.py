@@ -294,7 +294,7 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(None, 64) == 11  # 128-row query tiles, mask in registers
     assert _cuda.resolve_bwd_variant(None, 128) == 16  # 13 with 80-row query tiles
     assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
-    assert _cuda.resolve_bwd_variant(None, 128, deterministic=True) == 19  # 16's bits, sized groups
+    assert _cuda.resolve_bwd_variant(None, 128, deterministic=True) == 21  # 19 + inverted-tail order
     assert _cuda.resolve_bwd_variant(None, 64, deterministic=True) == 11
     for d in (64, 128, 256):  # a margin needs the persistent variant, at every head dim
         assert _cuda.resolve_bwd_variant(None, d, sm_margin=8) == 6
@@ -302,9 +302,9 @@ def test_cuda_kernel_variant_resolution():
     assert _cuda.resolve_bwd_variant(7, 256) == 7
     with pytest.raises(ValueError, match="d = 64 only"):
         _cuda.resolve_bwd_variant(7, 128)
-    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19}
+    assert set(_cuda.BWD_VARIANTS) == {5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19, 21}
     # 19: variant 16 with device-sized launch groups in deterministic mode; d = 128 only (80-row
-    # tiles, refused at 64 and 256 as 16), bitwise twin 16, the deterministic default at d = 128
+    # tiles, refused at 64 and 256 as 16), bitwise twin 16 (the deterministic default in s9-s11)
     assert _cuda.resolve_bwd_variant(19, 128) == 19 and _cuda._bwd_block_m(128, 19) == 80
     for d in (64, 256):
         with pytest.raises(ValueError, match="d = 128 only"):
@@ -315,6 +315,17 @@ def test_cuda_kernel_variant_resolution():
         assert _cuda.resolve_bwd_variant(None, d) != 19
     assert _cuda.MASK_REGS_BWD_VARIANTS[19] == 16 and _cuda.DET_AUTO80_BWD_VARIANT == 19
     assert 19 in _cuda.BWD_ROWS80_VARIANTS and 19 not in _cuda.LOCKSTEP_BWD_VARIANTS
+    # 21: variant 19 with the pre-pass's key-block order on inverted tails; d = 128 only; the
+    # deterministic default at d = 128 (and only there)
+    assert _cuda.resolve_bwd_variant(21, 128) == 21 and _cuda._bwd_block_m(128, 21) == 80
+    for d in (64, 256):
+        with pytest.raises(ValueError, match="d = 128 only"):
+            _cuda.resolve_bwd_variant(21, d)
+    assert _cuda.DET_ORDER80_BWD_VARIANT == 21 and 21 in _cuda.BWD_ROWS80_VARIANTS
+    for d in (64, 256):
+        assert _cuda.resolve_bwd_variant(None, d, deterministic=True) != 21
+    for d in (64, 128, 256):
+        assert _cuda.resolve_bwd_variant(None, d) != 21
     # 17: variant 13 with 15's writer and device-sized launch groups in deterministic mode; d = 128
     # only (lock-step consumers; 256: own kernel), not a default
     assert _cuda.resolve_bwd_variant(17, 128) == 17 and _cuda.resolve_bwd_variant(17, 256) == 17
@@ -358,9 +369,11 @@ def test_cuda_kernel_variant_resolution():
                for d in (64, 256) for det in (False, True))
     assert all(_cuda.resolve_bwd_variant(None, d, deterministic=True) == _cuda.resolve_bwd_variant(None, d)
                for d in (64, 256))
-    # d = 128 deterministic: 19, whose gradients are 16's bit for bit (MASK_REGS_BWD_VARIANTS)
+    # d = 128 deterministic: 21 = 19 (gradients 16's bit for bit: MASK_REGS_BWD_VARIANTS) with the
+    # inverted-tail order (dK / dV still 16's; tests/gpu test_det_order80_*)
     det128 = _cuda.resolve_bwd_variant(None, 128, deterministic=True)
-    assert _cuda.MASK_REGS_BWD_VARIANTS[det128] == _cuda.resolve_bwd_variant(None, 128)
+    assert det128 == _cuda.DET_ORDER80_BWD_VARIANT and det128 not in _cuda.MASK_REGS_BWD_VARIANTS
+    assert _cuda.MASK_REGS_BWD_VARIANTS[_cuda.DET_AUTO80_BWD_VARIANT] == _cuda.resolve_bwd_variant(None, 128)
     # defaults per head dim and mask structure (_cuda.DEFAULT_VARIANTS)
     assert _cuda.resolve_variant(None) == 11
     assert [_cuda.resolve_variant(None, 64, s) for s in _cuda.STRUCTURES] == [17, 17, 17]

@@ -275,8 +275,98 @@ def test_kernel_source_has_variant19():
                      r"static constexpr bool kDetAuto = true;[^\n]*\n\s*static_assert\(Base::kLockstep && "
                      r"Base::kMaskRegs && Base::Bm == 80 && !Base::kDetPipe", src)
     assert re.search(r"if constexpr \(T::Bm == 80\)[^\n]*\n\s*e = bwd_det_group80_sm90\(", src)
-    assert "if (p.variant == 19) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>" in src
+    assert ("if (p.variant == 19 || p.variant == 21) return "
+            "launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>") in src
     aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
-    assert "else if (128ull * tot[3] >= tot[0])" in aux and "constexpr int kDetGroupRows80 = 80;" in aux
+    assert "} else if (128ull * tot[3] >= tot[0]) {" in aux and "constexpr int kDetGroupRows80 = 80;" in aux
     ffi = (ROOT / "cc" / "ffi" / "bwd_handler.cc").read_text()
     assert "variant == 19" in ffi
+
+
+# ------------------------------------------------------------------------------------ variant 21
+# Variant 19 whose pre-pass, in the inverted-tails branch of the rule, launches each pair's key
+# blocks in ascending kept-tile count (ties: descending key block) and gives the key block at
+# launch position i the ordering slot nblk - 1 - i (bwd_kernel.cuh BwdDetAuto80 / det_perm;
+# host twins: bwd_det_protocol.Problem.order21, grid_slots; bwd_det_model.kept_rank_order_counts).
+
+
+@pytest.mark.parametrize("resident", [1, 2, 132])
+def test_v21_never_deadlocks(resident):
+    """Variant 21 ends on every case in deterministic mode with one, two or 132 resident CTAs,
+    including the causal-blockwise launch it reorders."""
+    for name, (b, Sq, N, K) in list(CASES.items()) + [("blockwise_groups", BLOCKWISE)]:
+        r = proto.simulate(b, Sq, N, K, "v21", True, 1, resident)
+        assert r["ok"], (name, resident, r.get("blocked", [])[:3])
+
+
+def test_v21_order():
+    """The reordered grid: on the blockwise launch the order is a real permutation (not descending),
+    ascending in kept tiles; every (pair, slot) occurs once and every higher slot of a pair (all a
+    CTA can wait for) sits at a lower grid position. Masks without inverted tails keep variant
+    19's grid (dQ bitwise 19's there)."""
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=80)
+    order = P.order21()
+    assert order is not None and set(order) == {(bb, 0) for bb in range(P.B)}
+    counts = P._stats19()[4]
+    for key, o in order.items():
+        assert sorted(o) == list(range(P.nblk)) and o != list(range(P.nblk - 1, -1, -1))
+        c = [counts[key][n] for n in o]
+        assert c == sorted(c)
+    slots = proto.grid_slots(P, 21, True)
+    pos = {(s, hk, bb): x for x, (n, hk, bb, s) in enumerate(slots)}
+    assert len(pos) == len(slots) == P.nblk * P.K * P.B
+    assert len({it[:3] for it in slots}) == len(slots)
+    assert all(pos[(s + 1, hk, bb)] < x for (s, hk, bb), x in pos.items() if s + 1 < P.nblk)
+    for name, (b2, Sq2, N2, K2) in CASES.items():
+        P2 = proto.Problem(b2, Sq2, N2, K2, Bm=80)
+        assert P2.order21() is None, name
+        assert proto.grid_slots(P2, 21, True) == proto.grid_slots(P2, 19, True), name
+    assert _model.kept_rank_order_counts([3, 1, 3, 0, 1]) == [3, 4, 1, 2, 0]
+    # windows of 3 key blocks, the highest first, each sorted: {3, 4, 5} then {0, 1, 2}
+    assert _model.kept_rank_order_counts([1, 3, 0, 2, 5, 4], window=3) == [3, 5, 4, 2, 0, 1]
+    assert _model.rule19_branch(100, 10, 0, 1) == "inverted"
+    assert _model.rule19_branch(100, 10, 5, 1) == "costart"
+    assert _model.rule19_branch(200, 10, 0, 1) == "none"
+
+
+def test_v21_summing_in_key_block_order_is_a_residency_deadlock():
+    """Mutation: variant 21's launch order with variant 19's summation order (slot = key block)
+    deadlocks at one resident CTA on the blockwise launch (the check sees the slots)."""
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=80)
+    items = proto.grid_items(P, 21, True)
+    r = proto.Sim(P, "v21", True, 1, 1, items=items).run()
+    assert not r["ok"] and r["kind"] == "residency", r
+
+
+def test_kernel_source_has_variant21():
+    """The kernel as simulated: the launch position -> key block through the pre-pass's order only
+    when det_perm and sched[2] are set, the writer and the skipped-tile marks on the slot, the
+    pre-pass writes the order only in the inverted branch, and the FFI accepts 21."""
+    src = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
+    assert "if (a.det_perm && __ldg(a.sched + 2))" in src
+    assert "const int hk = pr % a.K, b = pr / a.K, slot = a.nblk - 1 - r / gs;" in src
+    assert "bwd_sem_need(a, slot, w)" in src and "bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane)" in src
+    assert "const bool perm = T::Bm == 80 && p.variant == 21;" in src
+    aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
+    assert "use_order = perm && inverted && nblk <= kDetPermMaxBlocks ? 1 : 0;" in aux
+    assert "rank += (ku < k || (ku == k && u > n)) ? 1 : 0;" in aux
+    assert "int rank = nblk - hi;  // the windows above come first" in aux
+    ffi = (ROOT / "cc" / "ffi" / "bwd_handler.cc").read_text()
+    assert "variant == 21" in ffi
+
+
+def test_device_rule_constants_match_the_host_twins():
+    """bwd_aux.cu's constants of the variant 19 / 21 pre-pass are the host twins' (the rule's
+    tile budget, the inverted-tails G, variant 21's order window)."""
+    aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
+
+    def const(name):
+        m = re.search(r"constexpr (?:unsigned|int) %s = (\d+);" % name, aux)
+        assert m, name
+        return int(m.group(1))
+
+    assert const("kDetGroupTileBudget") == _model.TILE_BUDGET19
+    assert const("kDetGroupInverted") == _model.INVERTED_G19
+    assert const("kDetOrderWindow") == _model.ORDER_WINDOW21

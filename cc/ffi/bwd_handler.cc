@@ -111,10 +111,12 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   // with a pipelined deterministic dQ writer; 16: 13 with 80-row query tiles (d = 128 only; the
   // caller pads Sq to a multiple of 80); 17: 13 with 15's writer and launch groups sized on the
   // device in deterministic mode (d = 128; d = 256 runs its own kernel for every variant)
-  // 19: 16 with launch groups sized on the device in deterministic mode (d = 128 only)
-  if (!((variant >= 5 && variant <= 7) || (variant >= 10 && variant <= 17) || variant == 19))
+  // 19: 16 with launch groups sized on the device in deterministic mode (d = 128 only); 21: 19
+  // with the pre-pass's key-block order for inverted tails (d = 128 only)
+  if (!((variant >= 5 && variant <= 7) || (variant >= 10 && variant <= 17) || variant == 19 ||
+        variant == 21))
     return ffi::Error::InvalidArgument(
-        "flashmask_bwd: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17 or 19");
+        "flashmask_bwd: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19 or 21");
   p.variant = variant;
   if (sm_margin < 0)
     return ffi::Error::InvalidArgument("flashmask_bwd: sm_margin must be >= 0");

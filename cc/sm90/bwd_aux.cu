@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 #include "bwd_launch.cuh"
@@ -424,6 +425,48 @@ __device__ __forceinline__ void det_skip80(const int32_t* mt, int nblk, int Sq, 
   h2 = ute_mn >= Sq ? mblk - 1 : max(ute_mn, 0) / kDetGroupRows80 - 1;
 }
 
+// Kept 80-row query tiles of key block n (the metadata column mt) and its skip ranges.
+__device__ __forceinline__ int det_kept80(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
+                                          int& h1, int& l2, int& h2) {
+  det_skip80(mt, nblk, Sq, mblk, l1, h1, l2, h2);
+  const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
+  const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
+  return max(mblk - (c1 + c2 - c12), 0);
+}
+
+// Variant 21's key-block order (the inverted-tails case): the key blocks of each (batch, mask
+// head) in windows of kDetOrderWindow consecutive key blocks, the highest window first (variant
+// 19's descending order between windows), inside a window in ascending kept-tile count, ties by
+// descending key block, i.e. the order in which their walks reach a tail that all of them share.
+// The window keeps the resident CTAs on the rows of ~32K keys' documents (sorting a whole 128K
+// head interleaves every document and measured no gain there: H200 s12 run 2, 128K 401 -> 399
+// TFLOP/s; 32K, one window, 405 -> 418). Written position -> key block at order[bh * nblk + i],
+// from the rank of each key block in its window (kept counts in smem).
+constexpr int kDetPermMaxBlocks = 12000;  // kept counts in dynamic shared memory (under 48 KB)
+constexpr int kDetOrderWindow = 256;      // key blocks (32K keys at 128 keys per block)
+
+__device__ void det_order80(const int32_t* __restrict__ meta, int32_t* __restrict__ order, int BH,
+                            int nblk, int mblk, int Sq, int window, int* kept_s) {
+  for (int bh = 0; bh < BH; ++bh) {
+    for (int n = threadIdx.x; n < nblk; n += blockDim.x) {
+      int l1, h1, l2, h2;
+      kept_s[n] = det_kept80(meta + (int64_t)bh * 8 * nblk + n, nblk, Sq, mblk, l1, h1, l2, h2);
+    }
+    __syncthreads();
+    for (int n = threadIdx.x; n < nblk; n += blockDim.x) {
+      const int k = kept_s[n];
+      const int lo = n / window * window, hi = min(lo + window, nblk);
+      int rank = nblk - hi;  // the windows above come first
+      for (int u = lo; u < hi; ++u) {
+        const int ku = kept_s[u];
+        rank += (ku < k || (ku == k && u > n)) ? 1 : 0;
+      }
+      order[(int64_t)bh * nblk + rank] = n;
+    }
+    __syncthreads();
+  }
+}
+
 __device__ __forceinline__ int det_last_kept(int l1, int h1, int l2, int h2, int mblk) {
   int m = mblk - 1;
   if (m >= l1 && m <= h1) m = l1 - 1;
@@ -434,9 +477,11 @@ __device__ __forceinline__ int det_last_kept(int l1, int h1, int l2, int h2, int
 
 __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
-    int Sq, int pairs, int max_group) {
+    int Sq, int pairs, int max_group, int perm, int window) {
   // kept tiles, items keeping a tile, co-starting items, inverted tiles
   __shared__ unsigned long long tot[4];
+  __shared__ int use_order;
+  extern __shared__ int kept_s[];  // variant 21: nblk kept counts (perm only)
   if (threadIdx.x < 4) tot[threadIdx.x] = 0ull;
   __syncthreads();
   const int64_t items = (int64_t)BH * nblk;
@@ -445,20 +490,14 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     for (int n = threadIdx.x; n < nblk; n += kDetGroupThreads) {
       const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
       int l1, h1, l2, h2;
-      det_skip80(mt, nblk, Sq, mblk, l1, h1, l2, h2);
-      const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
-      const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
-      const int k = max(mblk - (c1 + c2 - c12), 0);
+      const int k = det_kept80(mt, nblk, Sq, mblk, l1, h1, l2, h2);
       kept += (unsigned long long)k;
       if (k > 0) {
         ++live;
         if (n + 1 < nblk) {
           const int f = det_first_kept(l1, h1, l2, h2);
           const int la = det_last_kept(l1, h1, l2, h2, mblk);
-          det_skip80(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
-          const int c1u = max(h1 - l1 + 1, 0), c2u = max(h2 - l2 + 1, 0);
-          const int c12u = max(min(h1, h2) - max(l1, l2) + 1, 0);
-          const int ku = max(mblk - (c1u + c2u - c12u), 0);
+          const int ku = det_kept80(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
           costart += f == det_first_kept(l1, h1, l2, h2) ? 1ull : 0ull;
           if (ku > k && la == det_last_kept(l1, h1, l2, h2, mblk)) inv += (unsigned long long)(ku - k);
         }
@@ -478,25 +517,43 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     // otherwise G = 1 (variant 16's order). Then the L2 budget: G * (mean kept tiles per live key
     // block) <= kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py auto_group19.
     unsigned long long g = 1ull;
+    bool inverted = false;
     if (tot[1] > 0ull) {
-      if (2ull * tot[2] >= tot[1])
+      if (2ull * tot[2] >= tot[1]) {
         g = 2ull * tot[0] <= (unsigned long long)mblk * (unsigned long long)items
                 ? (unsigned long long)cap : 1ull;
-      else if (128ull * tot[3] >= tot[0])
+      } else if (128ull * tot[3] >= tot[0]) {
         g = (unsigned long long)kDetGroupInverted;
+        inverted = true;
+      }
       if (tot[0] > 0ull)
         g = min(g, (unsigned long long)kDetGroupTileBudget * tot[1] / tot[0]);
     }
     sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
+    // variant 21: the inverted tails also get their arrival order (bwd_kernel.cuh BwdDetAuto80)
+    use_order = perm && inverted && nblk <= kDetPermMaxBlocks ? 1 : 0;
+    sched[2] = use_order;
   }
+  __syncthreads();
+  if (use_order) det_order80(meta, sched + 4 + nblk, BH, nblk, mblk, Sq, window, kept_s);
 }
 
 }  // namespace
 
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
-                                 int mblk, int Sq, int pairs, int max_group, cudaStream_t stream) {
-  bwd_det_group80_kernel<<<1, kDetGroupThreads, 0, stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
-                                                             pairs, max_group);
+                                 int mblk, int Sq, int pairs, int max_group, bool perm,
+                                 cudaStream_t stream) {
+  // rounded up to 4 ints: the rank loop reads kept_s 16 bytes at a time, its tail included
+  const size_t smem = perm && nblk <= kDetPermMaxBlocks ? sizeof(int) * (size_t)((nblk + 3) / 4 * 4) : 0;
+  // JFM_BWD_DET_ORDER_WINDOW=W overrides the window (multiple of 4; timing experiments, read once)
+  static const int env_window = [] {
+    const char* s = std::getenv("JFM_BWD_DET_ORDER_WINDOW");
+    const int w = s ? std::atoi(s) : 0;
+    return w > 0 && w % 4 == 0 ? w : 0;
+  }();
+  bwd_det_group80_kernel<<<1, kDetGroupThreads, smem, stream>>>(
+      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0,
+      env_window > 0 ? env_window : kDetOrderWindow);
   return cudaGetLastError();
 }
 
@@ -562,7 +619,7 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
-  if ((p.variant == 16 || p.variant == 19) && p.d == kRows80D) {  // 80-row tiles (16, 19)
+  if (bwd_rows80_variant(p.variant) && p.d == kRows80D) {  // 80-row tiles (16, 19, 21)
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
     const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;

@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
     } else if (warp == 2) {
-      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, n, lane);
     }
     return;
   }

@@ -275,6 +275,23 @@ struct BwdDetAuto : Base {
 // variant 16's in deterministic mode (dK / dV in both modes); in the default mode it is variant
 // 16, launch included. Deadlock-free as variant 14 (a CTA waits only for key blocks above it of
 // its own pair, at lower grid positions). benchmarks/NOTES_detwalk.md.
+// Variant 21 (d = 128): variant 19 whose pre-pass may also reorder a pair's key blocks. When the
+// inverted-tails branch of the rule picks G (causal blockwise), bwd_det_group80_sm90 writes, per
+// (batch, mask head), the key blocks in ascending kept-tile count, ties by descending key block,
+// inside windows of 256 key blocks taken in descending order (bwd_aux.cu kDetOrderWindow: the L2)
+// (sched[2] = 1, the order at sched + 4 + nblk). That order is then both the launch order of the
+// pair's key blocks and the per-tile summation order of dQ: the key block at launch position i
+// owns ordering bit ("slot") nblk - 1 - i, and adds to a tile after every slot above it. A key
+// block's walk before the shared tail is its kept tiles minus the tail, so ascending kept count is
+// the order in which the key blocks reach the last document's rows: the tail's chain then runs in
+// arrival order instead of waiting, at every document boundary, for the longer walk of the key
+// block above (NOTES_detwalk.md section 2; model 0.77 -> 0.86 of the default at 32K). Within a
+// document the order is descending key block as before (a causal part: fewer tiles higher up).
+// H200 s12: causal blockwise deterministic 19 -> 21: 8K 408 -> 418, 32K 405 -> 418, 128K 400 ->
+// 411 TFLOP/s (NOTES.md "Session 12").
+// Deadlock-free as variant 14: a CTA waits only for slots above its own, launched before it.
+// dK / dV bitwise variant 16's (same walk); dQ deterministic, bitwise 19's when the pre-pass
+// keeps the identity (every mask without inverted tails). No code of its own: BwdArgs::det_perm.
 template <class Base>
 struct BwdDetAuto80 : Base {
   static constexpr bool kDetGroups = true;
@@ -312,6 +329,10 @@ struct BwdArgs {
   // Variant 14, deterministic mode: (kv head, batch) pairs per interleaved launch group (>= 1).
   // Variant 17: 0 = the group size that bwd_det_group_sm90 wrote to sched[1] (>= 1).
   int det_group;
+  // Variant 21 (deterministic): 1 = take the pair's launch / summation order from the pre-pass
+  // when it wrote one (sched[2] = 1: sched[4 + nblk + (b * Hm + hm) * nblk + i] = the key block at
+  // launch position i); 0 = descending key block (every other variant).
+  int det_perm;
 };
 
 __device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
@@ -325,19 +346,21 @@ __device__ __forceinline__ int64_t bwd_sem_word(const BwdArgs& a, int b, int h, 
   return (((int64_t)b * a.N + h) * a.mblk + m) * a.sem_words;
 }
 
-// Deterministic mode, at CTA start (one warp): set this key block's bit in every query tile of the
-// GQA group that it skips, so that the key blocks below it never wait for it there. Relaxed: no
-// data is published with these bits.
+// Deterministic mode, at CTA start (one warp): set this key block's bit (slot: its position in the
+// summation order, n except for variant 21) in every query tile of the GQA group that it skips, so
+// that the key blocks after it never wait for it there. Relaxed: no data is published with these
+// bits.
 template <int Bm>
-__device__ __forceinline__ void bwd_mark_skipped(const BwdArgs& a, int b, int hk, int n, int lane) {
-  const uint32_t bit = 1u << (n % 32);
+__device__ __forceinline__ void bwd_mark_skipped(const BwdArgs& a, int b, int hk, int n, int slot,
+                                                 int lane) {
+  const uint32_t bit = 1u << (slot % 32);
   for (int g = 0; g < a.heads_per_kv; ++g) {
     const int h = hk * a.heads_per_kv + g;
     const int hm = h / a.heads_per_mask;
     const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
     const int lts_mx = __ldg(mt + 1 * a.nblk), lte_mn = __ldg(mt + 2 * a.nblk);
     const int uts_mx = __ldg(mt + 5 * a.nblk), ute_mn = __ldg(mt + 6 * a.nblk);
-    uint32_t* sem = a.dq_sem + bwd_sem_word(a, b, h, 0) + n / 32;
+    uint32_t* sem = a.dq_sem + bwd_sem_word(a, b, h, 0) + slot / 32;
     for (int m = lane; m < a.mblk; m += 32) {
       const int ms = m * Bm, me = min(ms + Bm, a.Sq);
       const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
@@ -349,7 +372,7 @@ __device__ __forceinline__ void bwd_mark_skipped(const BwdArgs& a, int b, int hk
   }
 }
 
-// Bits of the key blocks n+1 .. nblk-1 within word w (lanes hold consecutive words).
+// Bits of the slots n+1 .. nblk-1 within word w (lanes hold consecutive words).
 __device__ __forceinline__ uint32_t bwd_sem_need(const BwdArgs& a, int n, int w) {
   if (w >= a.sem_words) return 0u;
   const int lo = max(n + 1 - 32 * w, 0);   // <= 31 for the words the poll visits
@@ -522,10 +545,11 @@ __device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int q
   }
 }
 
-// (key block, kv head, batch) of this CTA of flashmask_bwd_pp_kernel; variant 14 in
-// deterministic mode: the interleaved 1-D launch order of BwdDetGroups.
+// (key block, kv head, batch, ordering slot) of this CTA of flashmask_bwd_pp_kernel; variant 14
+// in deterministic mode: the interleaved 1-D launch order of BwdDetGroups (variant 21: the
+// pre-pass's key-block order at each launch position).
 template <class T>
-__device__ __forceinline__ int3 bwd_pp_item(const BwdArgs& a) {
+__device__ __forceinline__ int4 bwd_pp_item(const BwdArgs& a) {
   if constexpr (T::kDetGroups) {
     if (a.deterministic) {
       int G = a.det_group;
@@ -539,11 +563,19 @@ __device__ __forceinline__ int3 bwd_pp_item(const BwdArgs& a) {
       const int r = (int)(x - grp * span);
       const int p0 = grp * G, gs = min(G, pairs - p0);
       const int pr = p0 + r % gs;
-      return make_int3(a.nblk - 1 - r / gs, pr % a.K, pr / a.K);
+      const int hk = pr % a.K, b = pr / a.K, slot = a.nblk - 1 - r / gs;
+      int n = slot;
+      if constexpr (T::kDetAuto) {
+        if (a.det_perm && __ldg(a.sched + 2)) {
+          const int hm = hk * a.heads_per_kv / a.heads_per_mask;
+          n = __ldg(a.sched + 4 + a.nblk + ((int64_t)b * a.Hm + hm) * a.nblk + r / gs);
+        }
+      }
+      return make_int4(n, hk, b, slot);
     }
   }
-  return make_int3(a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x,
-                   (int)blockIdx.y, (int)blockIdx.z);
+  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  return make_int4(n, (int)blockIdx.y, (int)blockIdx.z, n);
 }
 
 template <class T, class TmaQ, class TmaK>
@@ -563,8 +595,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int3 item = bwd_pp_item<T>(a);
-  const int n = item.x, hk = item.y, b = item.z;
+  const int4 item = bwd_pp_item<T>(a);
+  const int n = item.x, hk = item.y, b = item.z, slot = item.w;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
 
@@ -673,16 +705,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           const int64_t base = bwd_sem_word(a, b, h, m);
           uint32_t first = 0;
           if (a.deterministic) {
-            const int w = (n + 1) / 32 + lane;
+            const int w = (slot + 1) / 32 + lane;
             if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
           }
           float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
           Barrier::wait(&ss.dq_full[buf], phase);
           if (a.deterministic) {
-            const int w0 = (n + 1) / 32;
+            const int w0 = (slot + 1) / 32;
             for (int wc = w0; wc < a.sem_words; wc += 32) {
               const int w = wc + lane;
-              const uint32_t need = bwd_sem_need(a, n, w);
+              const uint32_t need = bwd_sem_need(a, slot, w);
               uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
               while (!__all_sync(0xffffffffu, (v & need) == need)) {
                 __nanosleep(64);
@@ -706,15 +738,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                   if constexpr (T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                   asm volatile("fence.proxy.async.global;\n" ::: "memory");
                   asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
-                               "r"(1u << (n % 32))
+                               "r"(1u << (slot % 32))
                                : "memory");
                   if constexpr (!T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                 }
-                pend_word = base + n / 32;
+                pend_word = base + slot / 32;
                 pend_buf = buf;
               }
             } else {
-              bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic);
+              bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic);
               Barrier::arrive(&ss.dq_empty[buf]);
             }
           }
@@ -728,14 +760,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (lane == 0 && pend_word >= 0) {  // the last tile's bit (its buffer is not reused)
             asm volatile("fence.proxy.async.global;\n" ::: "memory");
             asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
-                         "r"(1u << (n % 32))
+                         "r"(1u << (slot % 32))
                          : "memory");
             Barrier::arrive(&ss.dq_empty[pend_buf]);
           }
         }
       }
     } else if (warp == 2) {
-      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
     }
     return;
   }
@@ -1266,7 +1298,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (item >= a.items_total) break;
         const BwdItem w = bwd_decode_item(a, item);
         const int n = w.n, hk = w.hk, b = w.b;
-        if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, lane);
+        if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, n, lane);
         if (!a.dq_bulk) continue;
         int g = 0, m = 0;
         bool partial = false;
@@ -1631,6 +1663,8 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   a.sched = nullptr;
   a.items_total = 0;
   a.sec_heads = 1;
+  a.det_group = 1;
+  a.det_perm = 0;
   return a;
 }
 
@@ -1689,7 +1723,6 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
   dim3 grid(nblk, p.K, p.B);
-  a.det_group = 1;
   if constexpr (T::kDetGroups) {
     if (p.deterministic) {
       if (items_total > INT32_MAX) {
@@ -1706,17 +1739,20 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
       a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
       grid = dim3((unsigned)items_total, 1, 1);
       if constexpr (T::kDetAuto) {
-        if (env_group <= 0) {
+        // variant 21: the pre-pass always runs (the key-block order); JFM_BWD_DET_GROUP still sets G
+        const bool perm = T::Bm == 80 && p.variant == 21;
+        if (env_group <= 0 || perm) {
           // variant 17: G from the block metadata, on the device (sched[1]; same stream, no sync)
-          if (p.meta_capacity < meta_elems + 4) {
-            if (err) *err = "flashmask sm90 backward: metadata workspace too small for variant 17";
+          if (p.meta_capacity < meta_elems + 4 + (perm ? nblk + (int64_t)p.B * p.Hm * nblk : 0)) {
+            if (err) *err = "flashmask sm90 backward: metadata workspace too small for variants 17 / 19 / 21";
             return cudaErrorInvalidValue;
           }
-          a.det_group = 0;
+          if (env_group <= 0) a.det_group = 0;
+          a.det_perm = perm ? 1 : 0;
           a.sched = p.meta + meta_elems;
-          if constexpr (T::Bm == 80)  // variant 19: 80-row tiles, its own rule
+          if constexpr (T::Bm == 80)  // variants 19 / 21: 80-row tiles, their own rule
             e = bwd_det_group80_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
-                                     kDetGroupPairs, stream);
+                                     kDetGroupPairs, perm, stream);
           else
             e = bwd_det_group_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
                                    kDetGroupPairs, stream);
@@ -1783,24 +1819,24 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err
       return cudaErrorInvalidValue;
     }
   }
-  if (p.variant == 16 || p.variant == 19) {
+  if (bwd_rows80_variant(p.variant)) {
     // compiled in their own translation units (inst/bwd_*_d128_r80.cu)
     if constexpr (D == 128) {
       return launch_bwd_rows80<Elem>(p, stream, err);
     } else {
-      if (err) *err = "flashmask sm90 backward: kernel variants 16 / 19 (80-row query tiles) are d = 128 only";
+      if (err) *err = "flashmask sm90 backward: kernel variants 16 / 19 / 21 (80-row query tiles) are d = 128 only";
       return cudaErrorInvalidValue;
     }
   }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17 or 19";
+  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19 or 21";
   return cudaErrorInvalidValue;
 }
 
 #ifdef JFM_BWD_ROWS80_INST
-// Variants 16 (BwdRows80) and 19 (BwdDetAuto80), defined only in inst/bwd_*_d128_r80.cu.
+// Variants 16 (BwdRows80) and 19 / 21 (BwdDetAuto80), defined only in inst/bwd_*_d128_r80.cu.
 template <class Elem>
 cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err) {
-  if (p.variant == 19) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>(p, stream, err);
+  if (p.variant == 19 || p.variant == 21) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>(p, stream, err);
   return launch_bwd_impl<BwdRows80<Elem, 128>>(p, stream, err);
 }
 #endif

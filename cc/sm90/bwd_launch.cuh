@@ -7,8 +7,12 @@
 namespace jfm::sm90 {
 template <class Elem, int D>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err);
-// Variants 16 and 19 (d = 128, 80-row query tiles: bwd_kernel.cuh BwdRows80), instantiated in
-// inst/bwd_*_d128_r80.cu; launch_bwd<Elem, 128> forwards p.variant == 16 or 19 here.
+// Variants 16, 19 and 21 (d = 128, 80-row query tiles: bwd_kernel.cuh BwdRows80), instantiated in
+// inst/bwd_*_d128_r80.cu; launch_bwd<Elem, 128> forwards them here (and bwd_convert_dq_sm90 reads
+// their dQ workspace in the 80-row order). The one list of them on the C++ side.
+constexpr bool bwd_rows80_variant(int variant) {
+  return variant == 16 || variant == 19 || variant == 21;
+}
 template <class Elem>
 cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err);
 // Head dim 256 (bwd_d256_kernel.cuh, instantiated in inst/bwd_*_d256.cu): one kernel for every
@@ -32,13 +36,17 @@ cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, i
 // clamped to [1, min(max_group, pairs)] (max_group when nothing is kept).
 cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                int mblk, int Sq, int pairs, int max_group, cudaStream_t stream);
-// Variant 19 pre-pass (one CTA, deterministic mode): sched[1] = G for variant 16's 80-row tiles:
-// min(max_group, pairs) when most key blocks start at the first tile of the key block above them
-// and the key blocks keep on average at most half of the query tiles,
-// 4 when inverted tails (a key block ending where the one above it ends with a shorter walk) hold
-// >= 1/128 of the kept tiles, else 1; then at most 300 / (mean kept tiles per live key block) (the
-// group's rows in L2), clamped to [1, min(max_group, pairs)] (bwd_aux.cu bwd_det_group80_kernel).
+// Variant 19 / 21 pre-pass (one CTA, deterministic mode): sched[1] = G for variant 16's 80-row
+// tiles: min(max_group, pairs) when most key blocks start at the first tile of the key block above
+// them and the key blocks keep on average at most half of the query tiles, kDetGroupInverted
+// when inverted tails (a key block ending where the one above it ends with a shorter walk) hold
+// >= 1/128 of the kept tiles, else 1; then at most kDetGroupTileBudget / (mean kept tiles per
+// live key block) (the group's rows in L2), clamped to [1, min(max_group, pairs)] (bwd_aux.cu
+// bwd_det_group80_kernel). `perm` (variant 21): sched[2] = 1 and, in the inverted case, the
+// key-block order of each (batch, mask head) at sched[4 + nblk + (b * Hm + hm) * nblk + i]; else
+// sched[2] = 0. The metadata workspace then needs B * Hm * nblk more int32 after sched[4 + nblk].
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
-                                 int mblk, int Sq, int pairs, int max_group, cudaStream_t stream);
+                                 int mblk, int Sq, int pairs, int max_group, bool perm,
+                                 cudaStream_t stream);
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
 }  // namespace jfm::sm90

@@ -89,6 +89,8 @@ struct BwdParams {
                         // on the device (d = 128 only; BwdDetAuto, bwd_det_group_sm90)
                         // 19: 16 with 14's launch groups in deterministic mode, G chosen per
                         // launch on the device (d = 128 only; BwdDetAuto80, bwd_det_group80_sm90)
+                        // 21: 19 with the pre-pass's key-block order (launch and dQ summation)
+                        // for inverted tails (d = 128 only; BwdArgs::det_perm)
   // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
   // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
   // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).

@@ -7,6 +7,7 @@ reference on the upcast inputs, with fresh random inputs (the seed is printed on
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -549,9 +550,9 @@ def test_rows128_variant_d_check_and_workspace():
 
 def test_default_variant_per_head_dim():
     """variant=None runs variant 11 at d = 64 (workspaces at 128 query rows; bitwise equal to an
-    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 16 at d = 128 (19 in
-    deterministic mode: bitwise 16's gradients; _cuda.resolve_bwd_variant, checked without a GPU in
-    tests/test_attention.py)."""
+    explicit variant=11), variant 6 whenever sm_margin > 0, and variant 16 at d = 128 (21 in
+    deterministic mode: bitwise 16's gradients on this causal mask, which it does not reorder;
+    _cuda.resolve_bwd_variant, checked without a GPU in tests/test_attention.py)."""
     import re
     _need(jnp.bfloat16, 64)
     rng = np.random.default_rng(5)
@@ -574,10 +575,10 @@ def test_default_variant_per_head_dim():
     q, k, v, do = _inputs(rng, 1, 300, 300, 4, 2, 128, jnp.bfloat16)
     out, lse = _cuda.forward(q, k, v, b, scale=0.1)
     assert re.search(r"variant = 16\b", hlo(det=False))  # 80-row query tiles
-    assert re.search(r"variant = 19\b", hlo())  # deterministic mode: 16 + sized launch groups
+    assert re.search(r"variant = 21\b", hlo())  # deterministic mode: 16 + sized launch groups, order
     r_none, r16 = (_bwd(q, k, v, b, out, lse, do, None, scale=0.1, deterministic=True, variant=vv)
                    for vv in (None, 16))
-    _assert_same_bits(r_none, r16, "deterministic variant=None (19) vs 16 at d = 128")
+    _assert_same_bits(r_none, r16, "deterministic variant=None (21) vs 16 at d = 128")
 
 
 # --------------------------------------------------------------------------- variant 6 (persistent)
@@ -1199,7 +1200,7 @@ def test_d256_workspaces_use_64_key_blocks():
     f = jax.jit(lambda *a: _bwd(*a, scale=256 ** -0.5, deterministic=True))
     hlo = f.lower(q, k, v, b, out, lse, do, None).as_text()
     assert "tensor<1x2x2x2xi32>" in hlo  # [B, N, query tiles, ceil(33 / 32)]
-    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33), hlo)  # metadata at 64 keys
+    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33 + 33), hlo)  # metadata at 64 keys
     _check(q, k, v, do, np.asarray(b), seed=0, rng=rng, fn=f)
 
 
@@ -1338,23 +1339,34 @@ def test_det_groups_large_documents(variant):
 DET_AUTO = getattr(_cuda, "DET_AUTO_BWD_VARIANT", None)
 
 
-def _need_det_auto():
-    if DET_AUTO is None or DET_AUTO not in VARIANTS or 5 not in VARIANTS:
-        pytest.skip("variants 17 and 5 not both under test")
+def _need_d128_variants(*variants):
+    """Skip unless every variant is compiled and under test (and bf16 d = 128 is compiled)."""
+    if any(v is None or v not in VARIANTS for v in variants):
+        pytest.skip(f"variants {variants} not all under test")
     _need(jnp.bfloat16, 128)
 
 
-def _host_group(b, Sq, N, K):
-    """Variant 17's launch group size for this launch: the host twin of bwd_det_group_kernel
-    (benchmarks/bwd_det_protocol.py Problem.auto_group), to check that a case exercises what it
-    says (G > 1, several groups)."""
+def _need_det_auto():
+    _need_d128_variants(DET_AUTO, 5)
+
+
+@functools.cache
+def _protocol():
+    """benchmarks/bwd_det_protocol.py: the host twins of the deterministic launch pre-passes."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_det_protocol.py"
     spec = importlib.util.spec_from_file_location("bwd_det_protocol", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.Problem(np.asarray(b), Sq, N, K).auto_group()
+    return mod
+
+
+def _host_group(b, Sq, N, K):
+    """Variant 17's launch group size for this launch: the host twin of bwd_det_group_kernel
+    (benchmarks/bwd_det_protocol.py Problem.auto_group), to check that a case exercises what it
+    says (G > 1, several groups)."""
+    return _protocol().Problem(np.asarray(b), Sq, N, K).auto_group()
 
 
 def _small_documents(B, S, rng, lo=150, hi=420):
@@ -1433,21 +1445,13 @@ DET_AUTO80 = getattr(_cuda, "DET_AUTO80_BWD_VARIANT", None)
 
 
 def _need_det_auto80():
-    if DET_AUTO80 is None or DET_AUTO80 not in VARIANTS or 16 not in VARIANTS:
-        pytest.skip("variants 19 and 16 not both under test")
-    _need(jnp.bfloat16, 128)
+    _need_d128_variants(DET_AUTO80, 16)
 
 
 def _host_group19(b, Sq, N, K):
     """Variant 19's launch group size for this launch: the host twin of bwd_det_group80_kernel
     (benchmarks/bwd_det_protocol.py Problem.auto_group19, 80-row tiles)."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_det_protocol.py"
-    spec = importlib.util.spec_from_file_location("bwd_det_protocol", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.Problem(np.asarray(b), Sq, N, K, Bm=80).auto_group19()
+    return _protocol().Problem(np.asarray(b), Sq, N, K, Bm=80).auto_group19()
 
 
 def _det_auto80_case(case, seed):
@@ -1536,3 +1540,121 @@ def test_det_auto80_other_head_dims_refused(d):
     with pytest.raises(ValueError, match="d = 128 only"):
         _bwd(q, k, v, b, q, jnp.zeros((1, 128, 2), jnp.float32), do, None, scale=0.1,
              deterministic=True, variant=DET_AUTO80)
+
+
+# --------------------------------------------------------------------------- variant 21
+
+DET_ORDER80 = getattr(_cuda, "DET_ORDER80_BWD_VARIANT", None)
+
+
+def _need_det_order80():
+    _need_d128_variants(DET_ORDER80, 19)
+
+
+def _host_reorders21(b, Sq, N, K):
+    """Whether variant 21's pre-pass reorders the key blocks of this launch (host twin:
+    bwd_det_protocol.Problem.order21, the inverted-tails branch of variant 19's rule)."""
+    return _protocol().Problem(np.asarray(b), Sq, N, K, Bm=80).order21() is not None
+
+
+def _blockwise_per_head(B, N, S, rng):
+    """causal_blockwise bounds [B, N, 4, S] with other documents in every (batch, head)."""
+    masks = pytest.importorskip("jax_flashmask.masks")
+    out = np.zeros((B, N, 4, S), np.int32)
+    for b in range(B):
+        for h in range(N):
+            docs, t = [], 0
+            while t < S:
+                docs.append(int(min(rng.integers(60, 500), S - t)))
+                t += docs[-1]
+            m = masks.causal_blockwise(docs)
+            out[b, h] = np.asarray(masks.canonical_bounds(m.startend_row_indices, causal=True,
+                                                          q_len=S))[0, 0]
+    return out
+
+
+def _det_order80_case(case, seed):
+    """(rng, dims, masks, reordered) of variant 21's tests: "groups" = variant 19's (causal
+    blockwise reordered, document / global_sliding_window / full / causal not); "blockwise_heads"
+    = causal blockwise with other documents per query head, GQA 4 / 2, ragged S (the order of a
+    pair comes from its first head's mask); "blockwise_many" = 40 pairs of a small blockwise mask
+    (five launch groups); the launch-order cases of variant 19 otherwise."""
+    if case == "blockwise_heads":
+        rng = np.random.default_rng(seed)
+        B, S, N, K = 2, 2999, 4, 2
+        bs = [_blockwise_per_head(B, N, S, rng)]
+        return rng, (B, S, S, N, K), bs
+    if case == "blockwise_many":
+        rng = np.random.default_rng(seed)
+        B, S, N, K = 5, 1600, 8, 8
+        bs = [np.broadcast_to(_suite(S, 0, B)["causal_blockwise"], (B, 1, 4, S)).copy()]
+        return rng, (B, S, S, N, K), bs
+    return _det_auto80_case(case, seed)
+
+
+@pytest.mark.parametrize("case", ["groups", "blockwise_heads", "blockwise_many", "suite",
+                                  "random_masks", "random_gqa_ragged", "one_pair", "empty_items",
+                                  "many_words"])
+def test_det_order80_against_variant19(case):
+    """Variant 21 = variant 19 whose pre-pass, when its rule takes the inverted-tails branch (causal
+    blockwise), launches each pair's key blocks in ascending kept-tile count and adds their dQ in
+    that order. dK / dV bitwise 19's (= 16's) in both modes (same walk, same products); dQ within
+    1e-3 of 19's in the default mode and, where the launch is reordered, in deterministic mode (the
+    same fp32 terms summed in another fixed order); bitwise 19's in deterministic mode where it is
+    not; three deterministic runs bitwise equal. The cases must reorder at least once."""
+    _need_det_order80()
+    rng, dims, bs = _det_order80_case(case, 71)
+    B, Sq, Sk, N, K = dims
+    _, per_mask = _per_mask_args(rng, dims, bs, 128)
+    det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DET_ORDER80))
+    reordered = [_host_reorders21(b, Sq, N, K) for b in bs]
+    if case in ("groups", "blockwise_heads", "blockwise_many"):
+        assert any(reordered), case
+    for i, args in enumerate(per_mask):
+        label = f"variant {DET_ORDER80} case={case} mask {i} reordered={reordered[i]}"
+        for det_mode in (False, True):
+            r19 = _bwd(*args, scale=0.1, deterministic=det_mode, variant=19)
+            r = _bwd(*args, scale=0.1, deterministic=det_mode, variant=DET_ORDER80)
+            _assert_equal(r19[1], r[1], f"dk {label} det={det_mode}")
+            _assert_equal(r19[2], r[2], f"dv {label} det={det_mode}")
+            if det_mode and not reordered[i]:
+                _assert_equal(r19[0], r[0], f"dq {label} det={det_mode}")
+            else:
+                assert _relerr(np.asarray(r[0].astype(jnp.float32)),
+                               np.asarray(r19[0].astype(jnp.float32), np.float64)) < 1e-3, label
+        first = det(*args)
+        for rep in range(1, 3):
+            _assert_same_bits(first, det(*args), f"{label} (run {rep + 1})")
+
+
+@pytest.mark.parametrize("case", ["causal_blockwise", "document", "random_gqa", "small_docs_ragged"])
+def test_det_order80_reference(case):
+    """Variant 21 deterministic against the float64 reference and bitwise repeatable with other
+    work in between (causal_blockwise: reordered for most seeds of the suite; the others:
+    variant 19's order)."""
+    _need_det_order80()
+    _check_det_reference(DET_ORDER80, case)
+
+
+def test_det_order80_large_repeatable():
+    """Many-CTA causal_blockwise launch (8K, B = 2, 8 query / 4 kv heads: 8 pairs, 824 CTAs, several
+    waves on 132 SMs, reordered): three deterministic runs bitwise equal, dK / dV bitwise variant
+    16's, dQ within 1e-3 of 16's."""
+    _need_det_order80()
+    rng = np.random.default_rng(5)
+    B, S, N, K = 2, 8192, 8, 4
+    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    b = np.broadcast_to(_suite(S, 0, B)["causal_blockwise"], (B, 1, 4, S)).copy()
+    assert _host_reorders21(b, S, N, K)
+    bj = jnp.asarray(b)
+    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
+    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
+                static_argnames="variant")
+    rs = [f(q, k, v, bj, out, lse, do, variant=DET_ORDER80) for _ in range(3)]
+    for r in rs[1:]:
+        _assert_same_bits(rs[0], r, "variant 21 large causal_blockwise")
+    r16 = f(q, k, v, bj, out, lse, do, variant=16)
+    _assert_equal(r16[1], rs[0][1], "dk vs 16")
+    _assert_equal(r16[2], rs[0][2], "dv vs 16")
+    assert _relerr(np.asarray(rs[0][0].astype(jnp.float32)),
+                   np.asarray(r16[0].astype(jnp.float32), np.float64)) < 1e-3
