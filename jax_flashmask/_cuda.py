@@ -485,7 +485,9 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
 # errors, racecheck 0 hazards). d = 128 then variant 16 (13 with 80-row query tiles; H200 s7 runs
 # 1-3, 32K, bwd_timing.py interleaved: full 507 -> 530, causal 502 -> 526, document 460 -> 479,
 # sliding_window 405 -> 414, causal_document 409 -> 421, share_question 363 -> 369; dK/dV bitwise
-# 13; 79 GPU tests passed, memcheck / synccheck 0 errors, racecheck 0 hazards).
+# 13; 79 GPU tests passed, memcheck / synccheck 0 errors, racecheck 0 hazards). s12: 16's dV wait
+# after the dS barrier (same bits): 8K full 518 -> 526, causal 483 -> 491, 32K full 524 -> 533
+# (level with cuDNN at 8K: 526 / 528, 526 / 523 in one process; NOTES.md session 12).
 DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
 # Deterministic mode: DEFAULT_DET_BWD_VARIANTS. At d = 128 variant 19 = 16 with launch groups sized
 # on the device (bitwise 16's gradients; H200 s9 run 2, 32K, deterministic 16 -> 19, two alternated

@@ -1039,14 +1039,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
         store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
         pp_fence_async_smem();
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
         if constexpr (T::kDqTrans) {
           // variant 16: dV retired before the dQ GEMM is issued, so that P's 20 registers are
-          // free while the dQ accumulator (40) and dS (20) are in flight: 188 + the rest, not 208
+          // free while the dQ accumulator (40) and dS (20) are in flight: 188 + the rest, not 208.
+          // Waited after the barrier (s12): the barrier's wait runs under this warpgroup's dV
+          // GEMM, and each warpgroup issues its dQ GEMM as soon as its own dV is done instead of
+          // after the other warpgroup's (before s12: wait, then barrier)
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdVrdV);
           warpgroup_fence_operand(tPrP);
         }
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
         if constexpr (T::kDqTrans) wgmma_gemm<true, -1, false>(mma_dq, tdQrK, tdQrdS(_, _, _, st), tdQrdQ);
         else wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
         if constexpr (!T::kDqTrans) {
