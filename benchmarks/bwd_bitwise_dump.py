@@ -27,6 +27,8 @@ CASES = [
     (128, 16, 0, 0, 1, 1000, 4, 4, ("causal", "document")),
     (128, 16, 1, 1, 2, 517, 4, 2, ("causal", "sliding_window", "causal_document")),
     (128, 17, 1, 1, 2, 517, 4, 2, ("causal", "document")),
+    # variant 21 (the deterministic default at d = 128): causal_blockwise is reordered by its pre-pass
+    (128, 21, 1, 1, 5, 1600, 8, 8, ("causal_blockwise", "document", "causal")),
     (128, 5, 1, 1, 1, 1000, 4, 1, ("causal", "sliding_window")),
     (64, 5, 0, 1, 2, 517, 4, 2, ("causal", "sliding_window")),
     (64, 7, 0, 1, 2, 517, 4, 2, ("causal", "causal_document")),

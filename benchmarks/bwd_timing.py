@@ -48,7 +48,8 @@ def small_cases(variants=None):
     """A few small launches (both dQ modes, d 64/128/256, ragged, GQA) for compute-sanitizer.
     variants: kernel variants to run (default: all compiled; d=256: the first one only, one kernel
     for every variant number; variants 7 and 11: the d=64 cases only, incl. a bf16 GQA case with
-    three 128-row query tiles, the last one partial)."""
+    three 128-row query tiles, the last one partial), then a deterministic causal_blockwise launch
+    (B = 2, S = 1200, GQA 4 / 2) of the 80-row variants, which variant 21 reorders."""
     import numpy as np
     rng = np.random.default_rng(0)
     rows128 = tuple(getattr(_cuda, "BWD_ROWS128_VARIANTS", (getattr(_cuda, "BWD_ROWS128_VARIANT", None),)))
@@ -82,6 +83,22 @@ def small_cases(variants=None):
                                                dq_mode=mode, deterministic=det, variant=variant,
                                                sm_margin=margin))
     print("sanitize case done", flush=True)
+    # a causal_blockwise launch that variant 21's pre-pass reorders (deterministic, 80-row variants)
+    from jax_flashmask import masks
+    rows80 = tuple(getattr(_cuda, "BWD_ROWS80_VARIANTS", ()))
+    vs = [x for x in (variants or getattr(_cuda, "BWD_VARIANTS", ())) if x in rows80]
+    if vs:
+        B, S, N, K = 2, 1200, 4, 2
+        m = masks.benchmark_suite(S, 0, batch=B)["causal_blockwise"]
+        b = jnp.asarray(np.broadcast_to(np.asarray(masks.canonical_bounds(
+            m.startend_row_indices, causal=True, q_len=S)), (B, 1, 4, S)).copy())
+        q = jnp.asarray(rng.standard_normal((B, S, N, 128)), jnp.bfloat16)
+        k = jnp.asarray(rng.standard_normal((B, S, K, 128)), jnp.bfloat16)
+        out, lse = _cuda.forward(q, k, k, b, scale=0.1)
+        for variant in vs:
+            jax.block_until_ready(_bwd(q, k, k, b, out, lse, q, None, scale=0.1,
+                                       deterministic=True, variant=variant))
+        print("sanitize case done (causal_blockwise, deterministic)", flush=True)
 
 
 def _compare(first, tag, det, g):
