@@ -479,15 +479,17 @@ def kept_rank_order_counts(counts, window=ORDER_WINDOW21):
 
 
 def simulate16(mask, det, order="x", walk="asc", heads=16, T=3.27, Tp=3.5, s=0.4, Rr=0.4, Rc=2.4,
-               poll=0.8, wfix=0.4, pro=4.0, epi=3.0, sms=132, nbuf=1, Bm=80, sumorder="desc", S=S):
+               poll=0.8, wfix=0.4, pro=4.0, epi=3.0, sms=132, nbuf=1, Bm=80, sumorder="desc", S=S,
+               window=ORDER_WINDOW21):
     """Total time (us) of `heads` (kv head, batch) pairs, variant 16's CTA timeline (one dQ buffer:
     tile k's dQ store waits until the writer is done with tile k-1). Deterministic writer per tile:
     F_k = max(C_k, F_{k-1} + wfix, P + poll) + Rc, P = the bit time of the predecessor key block
-    on the tile; default: F_k = max(C_k, F_{k-1}) + Rr."""
+    on the tile; default: F_k = max(C_k, F_{k-1}) + Rr. sumorder: "desc" (descending key block,
+    variants 16 / 19) or "kept" (variant 21's kept_rank_order in windows of `window` key blocks),
+    the launch order of a pair's key blocks and the per-tile order of the dQ adds."""
     kept, parts, mblk = suite_tiles(mask, S, Bm)
     nblk = len(kept)
-    seq = (list(range(nblk - 1, -1, -1)) if sumorder == "desc" else
-           kept_rank_order(kept, int(sumorder[4:]) if sumorder[4:] else ORDER_WINDOW21))
+    seq = list(range(nblk - 1, -1, -1)) if sumorder == "desc" else kept_rank_order(kept, window)
     nkeep = [0] * mblk
     for t in kept:
         for m in t:

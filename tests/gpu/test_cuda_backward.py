@@ -1514,19 +1514,31 @@ def test_det_auto80_large_repeatable(mask):
     """Many-CTA launches (8K, B = 2, 8 query / 4 kv heads: 8 pairs, 512 CTAs, several waves on 132
     SMs): three deterministic runs of variant 19 bitwise equal to each other and to variant 16's."""
     _need_det_auto80()
-    rng = np.random.default_rng(5)
+    b, dims = _large_det_case(mask)
+    assert (_host_group19(b, *dims) > 1) == (mask != "full")
+    rs, r16 = _large_det_runs(b, dims, DET_AUTO80)
+    for r in rs[1:] + [r16]:
+        _assert_same_bits(rs[0], r, f"variant 19 large {mask}")
+
+
+def _large_det_case(mask):
+    """Bounds of the many-CTA deterministic tests (8K, B = 2, 8 query / 4 kv heads: 8 pairs,
+    several waves on 132 SMs) and (S, N, K)."""
     B, S, N, K = 2, 8192, 8, 4
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
-    b = np.broadcast_to(_suite(S, 0, B)[mask], (B, 1, 4, S)).copy()
-    assert (_host_group19(b, S, N, K) > 1) == (mask != "full")
+    return np.broadcast_to(_suite(S, 0, B)[mask], (B, 1, 4, S)).copy(), (S, N, K)
+
+
+def _large_det_runs(b, dims, variant, runs=3):
+    """`runs` deterministic backward runs of `variant` on _large_det_case's (b, dims) with fixed
+    inputs, and one of variant 16 (deterministic) on the same arguments."""
+    S, N, K = dims
+    q, k, v, do = _inputs(np.random.default_rng(5), b.shape[0], S, S, N, K, 128, jnp.bfloat16)
     bj = jnp.asarray(b)
     out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
     f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
                 static_argnames="variant")
-    rs = [f(q, k, v, bj, out, lse, do, variant=DET_AUTO80) for _ in range(3)]
-    r16 = f(q, k, v, bj, out, lse, do, variant=16)
-    for r in rs[1:] + [r16]:
-        _assert_same_bits(rs[0], r, f"variant 19 large {mask}")
+    return ([f(q, k, v, bj, out, lse, do, variant=variant) for _ in range(runs)],
+            f(q, k, v, bj, out, lse, do, variant=16))
 
 
 @pytest.mark.parametrize("d", [64, 256])
@@ -1641,19 +1653,11 @@ def test_det_order80_large_repeatable():
     waves on 132 SMs, reordered): three deterministic runs bitwise equal, dK / dV bitwise variant
     16's, dQ within 1e-3 of 16's."""
     _need_det_order80()
-    rng = np.random.default_rng(5)
-    B, S, N, K = 2, 8192, 8, 4
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
-    b = np.broadcast_to(_suite(S, 0, B)["causal_blockwise"], (B, 1, 4, S)).copy()
-    assert _host_reorders21(b, S, N, K)
-    bj = jnp.asarray(b)
-    out, lse = _cuda.forward(q, k, v, bj, scale=0.1)
-    f = jax.jit(lambda *a, variant: _bwd(*a, None, scale=0.1, deterministic=True, variant=variant),
-                static_argnames="variant")
-    rs = [f(q, k, v, bj, out, lse, do, variant=DET_ORDER80) for _ in range(3)]
+    b, dims = _large_det_case("causal_blockwise")
+    assert _host_reorders21(b, *dims)
+    rs, r16 = _large_det_runs(b, dims, DET_ORDER80)
     for r in rs[1:]:
         _assert_same_bits(rs[0], r, "variant 21 large causal_blockwise")
-    r16 = f(q, k, v, bj, out, lse, do, variant=16)
     _assert_equal(r16[1], rs[0][1], "dk vs 16")
     _assert_equal(r16[2], rs[0][2], "dv vs 16")
     assert _relerr(np.asarray(rs[0][0].astype(jnp.float32)),
