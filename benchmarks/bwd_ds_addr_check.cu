@@ -8,6 +8,8 @@
 //    its dQ accumulator at must be the offset bwd_convert reads (row r, col c) from, where (r, c)
 //    is that element's coordinate in the Bm x D dQ tile (CuTe's partition of an identity tensor),
 //    and every offset of the tile is hit exactly once;
+//  * variant 16 (80-row tiles): store_ds_tile_stsm's stmatrix.trans lanes / registers must store
+//    every element of the dS^T fragment where store_ds_tile would;
 //  * sizeof(SharedStorage) against the 227 KB opt-in limit (printed).
 //   nvcc -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -Icc/sm90 -isystem $CUTLASS_INCLUDE \
 //        benchmarks/bwd_ds_addr_check.cu -o /tmp/bwd_ds_addr_check && /tmp/bwd_ds_addr_check
@@ -51,6 +53,27 @@ int check(const char* name) {
         const int got = off(col_b + e % 2, 64 * wg + row_b + 8 * ((e / 2) % 2), s) + (e / 4) * 512;
         if (ref != got) ++bad;
       }
+  // store_ds_tile_stsm (variant 16, Bm = 80): stmatrix.x4.trans number p, block m = 4 lanes' worth:
+  // the element (key a, query b) of block m comes from lane 4a + b / 2, register 4p + m, half
+  // b % 2 (fragment element e = 2 (4p + m) + b % 2), and is stored at lane 8m + b's row address +
+  // a; that must be the offset of the element the fragment holds.
+  if constexpr (T::kDqTrans) {
+    for (int wg = 0; wg < T::NWG; ++wg)
+      for (int warp = 0; warp < 4; ++warp)
+        for (int s = 0; s < T::kDsBufs; ++s)
+          for (int p = 0; p < Bm / 16; ++p)
+            for (int m = 0; m < 4; ++m)
+              for (int a = 0; a < 8; ++a)
+                for (int b = 0; b < 8; ++b) {
+                  const int lane = 4 * a + b / 2, e = 2 * (4 * p + m) + b % 2;
+                  const int row_b = 16 * warp + lane / 4, col_b = 2 * (lane % 4);
+                  const int ref = off(8 * (e / 4) + col_b + (e % 2), 64 * wg + row_b + 8 * ((e / 2) % 2), s);
+                  const int sl = 8 * m + b;  // the lane whose address is stored row b of block m
+                  const int row = off(sl % 8, 64 * wg + 16 * warp + 8 * ((sl / 8) % 2), s) +
+                                  (sl / 16) * 512 + 2 * p * 512;
+                  if (row + a != ref) ++bad;
+                }
+  }
   const int ds_bad = bad;
 
   // dQ: the store offsets of put_dq against bwd_convert's read offsets
@@ -58,7 +81,8 @@ int check(const char* name) {
   Tensor cdQ = make_identity_tensor(Shape<Int<Bm>, Int<D>>{});
   std::vector<int> hits(Bm * D, 0);
   int dq_bad = 0;
-  for (int ctid = 0; ctid < 128 * T::NWG; ++ctid) {
+  // (variant 16's transposed dQ tile has its own order and converter: tests/test_bwd_prep_layout.py)
+  for (int ctid = 0; ctid < (T::kDqTrans ? 0 : 128 * T::NWG); ++ctid) {
     const int wg = ctid / 128;
     const bool dq_store = T::kDqWG == T::NWG || wg == 0;
     if (!dq_store) continue;
@@ -73,7 +97,8 @@ int check(const char* name) {
       ++hits[o];
     }
   }
-  for (int o = 0; o < Bm * D; ++o) dq_bad += hits[o] != 1;
+  if constexpr (!T::kDqTrans)
+    for (int o = 0; o < Bm * D; ++o) dq_bad += hits[o] != 1;
   bad += dq_bad;
   std::printf("%s (Bm %d): dS %d mismatches, dQ %d mismatches; smem %zu B (limit %d)\n", name, Bm,
               ds_bad, dq_bad, sizeof(typename T::SharedStorage), 227 * 1024);
@@ -86,5 +111,7 @@ int main() {
   bad += check<jfm::sm90::BwdTraits<cutlass::half_t, 64>>("v5 fp16 d64");
   bad += check<jfm::sm90::BwdTraits<cutlass::bfloat16_t, 64, false, 128>>("v7 bf16 d64");
   bad += check<jfm::sm90::BwdTraits<cutlass::half_t, 64, false, 128>>("v7 fp16 d64");
+  bad += check<jfm::sm90::BwdRows80<cutlass::bfloat16_t, 128>>("v16 bf16 d128");
+  bad += check<jfm::sm90::BwdRows80<cutlass::half_t, 128>>("v16 fp16 d128");
   return bad != 0;
 }

@@ -194,7 +194,8 @@ struct BwdLockstep : Base {
 // transposed, dQ^T = K^T dS^T: M = d (64 rows per warpgroup), N = 80 queries, K = 128 keys, A = K
 // from smem read MN-major, B = the dS tile read K-major. The fp32 dQ^T tile goes to one smem buffer
 // (40 KB; two would exceed the 227 KB of shared memory) in the kDqTrans fragment order, and
-// bwd_aux.cu's 80-row converter reads it back. Same per-tile order as 13 over 80-row tiles.
+// bwd_aux.cu's 80-row converter reads it back. Same per-tile order as 13 over 80-row tiles; the
+// dS tile is stored with stmatrix.trans (store_ds_tile_stsm).
 template <class Elem, int D>
 using BwdRows80 = BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D, false, 80>>>;
 
@@ -542,6 +543,36 @@ __device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int q
   for (int e = 0; e < size(tPrdS); ++e) {
     const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
     asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
+  }
+}
+
+// store_ds_tile with stmatrix.trans (the 80-row lock-step body: variants 16 / 19 / 21): the same
+// dS^T fragment with 5 STSM.x4.trans per thread instead of 40 STS.16, the same bits in smem
+// (H200, s13: +3-4 % on the dense backward; the store sits between the dP wait and the dS barrier
+// of both warpgroups, on every tile's critical path).
+// The fragment's 8 x 8 blocks (keys x queries; register pair 2 * kk + i = keys 8i.., queries
+// 8kk..) are the blocks stmatrix takes, and .trans stores each one as 8 query rows of 8
+// contiguous keys (16 bytes: one swizzle chunk, never split by the 128B swizzle). Lane l of the
+// warp gives the address of stored row l % 8 (a query) of block l / 8 = (key half (l / 8) % 2,
+// query group 2p + l / 16); query groups of 8 are kRows8 apart as in store_ds_tile. Element (key
+// a, query b) of a block lands at row b's address + 2a, the address store_ds_tile computes for
+// it. k0w = the warp's first key row (64 * warpgroup + 16 * warp).
+template <class Elem, class SdS, class Frag>
+__device__ __forceinline__ void store_ds_tile_stsm(SdS& sdS, Frag const& tPrdS, int k0w, int lane,
+                                                   int st) {
+  constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
+  constexpr int kGroups = decltype(size(tPrdS))::value / 4;  // query groups of 8 (10 at Bm = 80)
+  static_assert(kGroups % 2 == 0, "two query groups per stmatrix.x4");
+  const uint32_t base =
+      cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdS(lane % 8, k0w + 8 * ((lane / 8) % 2), st))) +
+      (lane / 16) * kRows8;
+  Tensor r = recast<uint32_t>(tPrdS);  // register pair 2 * kk + i: queries 2c, 2c + 1 (low, high)
+  CUTE_UNROLL
+  for (int p = 0; p < kGroups / 2; ++p) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     base + 2 * p * kRows8),
+                 "r"(r(4 * p)), "r"(r(4 * p + 1)), "r"(r(4 * p + 2)), "r"(r(4 * p + 3))
+                 : "memory");
   }
 }
 
@@ -1037,7 +1068,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // behind each wait. dS buffer st was last read by the dQ GEMMs of tile t-2, which both
         // warpgroups retired (wait<1> below) before they reached the dS barrier of tile t-1.
         wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-        store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
+        if constexpr (T::kDqTrans) store_ds_tile_stsm<Elem>(sdS, tPrdS, 64 * wg_b + (row_b & ~15), lane, st);
+        else store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
         pp_fence_async_smem();
         asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
         if constexpr (T::kDqTrans) {
