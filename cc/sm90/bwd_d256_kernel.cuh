@@ -201,27 +201,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
-          uint32_t first = 0;
-          if (a.deterministic) {
-            const int w = (n + 1) / 32 + lane;
-            if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
-          }
+          const uint32_t first = a.deterministic ? bwd_order_first(a, base, n, lane) : 0u;
           float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
           Barrier::wait(&ss.dq_full[stage], phase);
-          if (a.deterministic) {
-            const int w0 = (n + 1) / 32;
-            for (int wc = w0; wc < a.sem_words; wc += 32) {
-              const int w = wc + lane;
-              const uint32_t need = bwd_sem_need(a, n, w);
-              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
-              while (!__all_sync(0xffffffffu, (v & need) == need)) {
-                __nanosleep(64);
-                if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
-              }
-            }
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          }
+          if (a.deterministic) bwd_wait_order(a, base, n, lane, first);
           if (lane == 0) {
             const float* src0 = reinterpret_cast<const float*>(ss.q.begin() + stage * T::kStageElems);
             const float* src1 = reinterpret_cast<const float*>(ss.dO.begin() + stage * T::kStageElems);
@@ -234,8 +217,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                   "r"((int)(T::kDqHalfFloats * sizeof(float)))
                   : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic);
-            Barrier::arrive(&ss.empty[stage]);  // the producer may refill the stage
+            // frees the stage (the producer may refill it) before the ordering bit's release
+            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic,
+                                 &ss.empty[stage]);
           }
           __syncwarp();
           if (++stage == S) { stage = 0; phase ^= 1; }

@@ -336,9 +336,9 @@ struct BwdArgs {
   int det_perm;
 };
 
-__device__ __forceinline__ uint32_t ld_relaxed_gpu(const uint32_t* p) {
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -373,13 +373,39 @@ __device__ __forceinline__ void bwd_mark_skipped(const BwdArgs& a, int b, int hk
   }
 }
 
-// Bits of the slots n+1 .. nblk-1 within word w (lanes hold consecutive words).
-__device__ __forceinline__ uint32_t bwd_sem_need(const BwdArgs& a, int n, int w) {
+// Bits of the slots slot+1 .. nblk-1 within word w (lanes hold consecutive words).
+__device__ __forceinline__ uint32_t bwd_sem_need(const BwdArgs& a, int slot, int w) {
   if (w >= a.sem_words) return 0u;
-  const int lo = max(n + 1 - 32 * w, 0);   // <= 31 for the words the poll visits
-  const int hi = min(a.nblk - 32 * w, 32);  // >= 1
+  const int lo = max(slot + 1 - 32 * w, 0);  // <= 31 for the words the poll visits
+  const int hi = min(a.nblk - 32 * w, 32);   // >= 1
   const uint32_t below_hi = hi >= 32 ? ~0u : ((1u << hi) - 1u);
   return below_hi & ~((1u << lo) - 1u);
+}
+
+// Deterministic dQ writer (one warp), a tile's order: the first ordering-bit word this lane polls
+// (read early, before the tile's dQ is in smem) ...
+__device__ __forceinline__ uint32_t bwd_order_first(const BwdArgs& a, int64_t base, int slot,
+                                                    int lane) {
+  const int w = (slot + 1) / 32 + lane;
+  return w < a.sem_words ? ld_acquire_gpu(a.dq_sem + base + w) : 0u;
+}
+// ... and the wait until every slot after `slot` has added its dQ (or skips the tile), then the
+// proxy fence that orders the tile's bulk reduce after it. Acquire loads and no fence.acq_rel.gpu:
+// that membar would also wait for this warp's last release (the previous tile's bit) to complete
+// (s13: +4 % deterministic at 32K on top of bwd_finish_dq_reduce's early free).
+__device__ __forceinline__ void bwd_wait_order(const BwdArgs& a, int64_t base, int slot, int lane,
+                                               uint32_t first) {
+  const int w0 = (slot + 1) / 32;
+  for (int wc = w0; wc < a.sem_words; wc += 32) {
+    const int w = wc + lane;
+    const uint32_t need = bwd_sem_need(a, slot, w);
+    uint32_t v = wc == w0 ? first : (need ? ld_acquire_gpu(a.dq_sem + base + w) : 0u);
+    while (!__all_sync(0xffffffffu, (v & need) == need)) {
+      __nanosleep(64);
+      if (need) v = ld_acquire_gpu(a.dq_sem + base + w);
+    }
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 // Query tiles [s, e) lying entirely inside rows [lo, hi): m * Bm >= lo and min(m * Bm + Bm, Sq)
@@ -469,17 +495,24 @@ __device__ __forceinline__ void bwd_issue_dq_reduce(float* gtile, const float* s
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
-// Thread, after a dQ tile's reduce was committed: in deterministic mode wait until it completed
-// and set the tile's ordering bit in `sem_word` (the next key block's writer may then add), else
-// wait until it has read the shared buffer (which may then be refilled).
+// Thread, after a dQ tile's reduce was committed: wait until the reduce has read the shared buffer
+// and free it (`empty`: the consumers refill it after waiting there); in deterministic mode wait
+// until the reduce completed, then free the buffer, then set the tile's ordering bit in `sem_word`
+// (the next key block's writer may then add). The buffer is freed before the bit's proxy fence and
+// GPU-scope release, whose latency would otherwise sit between this tile's reduce and the
+// consumers' store of the next dQ tile (s13).
 __device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_t bit,
-                                                     bool deterministic) {
+                                                     bool deterministic, uint64_t* empty) {
   if (deterministic) {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(empty))
+                 : "memory");
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(sem_word), "r"(bit) : "memory");
   } else {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(empty))
+                 : "memory");
   }
 }
 
@@ -734,27 +767,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
-          uint32_t first = 0;
-          if (a.deterministic) {
-            const int w = (slot + 1) / 32 + lane;
-            if (w < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + w);
-          }
+          const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
           float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
           Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) {
-            const int w0 = (slot + 1) / 32;
-            for (int wc = w0; wc < a.sem_words; wc += 32) {
-              const int w = wc + lane;
-              const uint32_t need = bwd_sem_need(a, slot, w);
-              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + w) : 0u);
-              while (!__all_sync(0xffffffffu, (v & need) == need)) {
-                __nanosleep(64);
-                if (need) v = ld_relaxed_gpu(a.dq_sem + base + w);
-              }
-            }
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          }
+          if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
           if (lane == 0) {
             bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
             if (T::kDetPipe && a.deterministic) {
@@ -777,8 +793,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                 pend_buf = buf;
               }
             } else {
-              bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic);
-              Barrier::arrive(&ss.dq_empty[buf]);
+              bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
+                                   &ss.dq_empty[buf]);
             }
           }
           __syncwarp();
@@ -1341,31 +1357,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
-          uint32_t first = 0;
-          if (a.deterministic) {
-            const int wd = (n + 1) / 32 + lane;
-            if (wd < a.sem_words) first = ld_relaxed_gpu(a.dq_sem + base + wd);
-          }
+          const uint32_t first = a.deterministic ? bwd_order_first(a, base, n, lane) : 0u;
           float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
           Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) {
-            const int w0 = (n + 1) / 32;
-            for (int wc = w0; wc < a.sem_words; wc += 32) {
-              const int wd = wc + lane;
-              const uint32_t need = bwd_sem_need(a, n, wd);
-              uint32_t v = wc == w0 ? first : (need ? ld_relaxed_gpu(a.dq_sem + base + wd) : 0u);
-              while (!__all_sync(0xffffffffu, (v & need) == need)) {
-                __nanosleep(64);
-                if (need) v = ld_relaxed_gpu(a.dq_sem + base + wd);
-              }
-            }
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          }
+          if (a.deterministic) bwd_wait_order(a, base, n, lane, first);
           if (lane == 0) {
             bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic);
-            Barrier::arrive(&ss.dq_empty[buf]);
+            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic,
+                                 &ss.dq_empty[buf]);
           }
           __syncwarp();
           if (++buf == 2) { buf = 0; phase ^= 1; }
