@@ -609,6 +609,56 @@ __device__ __forceinline__ void store_ds_tile_stsm(SdS& sdS, Frag const& tPrdS, 
   }
 }
 
+// The pp kernel's dK / dV epilogue. A warp's accumulator fragment (rows k0w + 0..15 of the key
+// block, d columns; element pairs at (row_base, 8 * cc + col_base)) goes as Elem 8 x 8 blocks
+// with stmatrix into a row-major (key, d) staging tile whose 16-byte chunks are XOR-swizzled by
+// key % 8, so that the 8 rows of a block and the 16 chunks of a row hit distinct banks;
+// bwd_rows_to_global then writes whole rows with 16-byte stores. Before s13 each thread stored its
+// fragment pairs directly (4-byte stores, half a sector each: 4x the L2 requests for the same bytes
+// at the end of every CTA). k0w = the warp's first row (64 * warpgroup + 16 * warp).
+template <int D>
+__device__ __forceinline__ uint32_t bwd_stage_offset(int row, int chunk) {
+  static_assert(D / 8 >= 8, "the XOR swizzle needs 8 chunks per row");
+  return row * (D * 2) + ((chunk ^ (row & 7)) * 16);
+}
+template <class Elem, int D, class Frag>
+__device__ __forceinline__ void bwd_stage_rows(Elem* stage, Frag const& acc, float scale, int k0w,
+                                               int lane) {
+  static_assert(sizeof(Elem) == 2 && decltype(size(acc))::value == D / 2, "m64 x D fragment");
+  const uint32_t base = cute::cast_smem_ptr_to_uint(stage);
+  const int m = lane / 8;  // the block whose row lane % 8 this lane addresses: (row half, chunk)
+  const int row = k0w + 8 * (m % 2) + lane % 8;
+  auto pack = [&](int e) {
+    cutlass::Array<Elem, 2> p;
+    p[0] = static_cast<Elem>(acc(e) * scale);
+    p[1] = static_cast<Elem>(acc(e + 1) * scale);
+    return reinterpret_cast<uint32_t const&>(p);
+  };
+  CUTE_UNROLL
+  for (int cc = 0; cc < D / 8; cc += 2) {  // fragment pair e = 4 * chunk + 2 * row half
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     base + bwd_stage_offset<D>(row, cc + m / 2)),
+                 "r"(pack(4 * cc)), "r"(pack(4 * cc + 2)), "r"(pack(4 * cc + 4)), "r"(pack(4 * cc + 6))
+                 : "memory");
+  }
+}
+// A warpgroup's 64 staged rows from row r0 of the staging tile to global rows row0 + r * stride
+// (in units of D elements; r < rows): 128 threads, 16 bytes each per step, a row per 16 / 8 lanes.
+template <class Elem, int D>
+__device__ __forceinline__ void bwd_rows_to_global(Elem* g, const Elem* stage, int64_t row0,
+                                                   int stride, int rows, int r0, int t) {
+  constexpr int kChunks = D / 8;
+  const char* s = reinterpret_cast<const char*>(stage);
+  CUTE_UNROLL
+  for (int i = t; i < 64 * kChunks; i += 128) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (r < rows) {
+      const uint4 v = *reinterpret_cast<const uint4*>(s + bwd_stage_offset<D>(r0 + r, c));
+      *reinterpret_cast<uint4*>(g + (row0 + (int64_t)r * stride) * D + 8 * c) = v;
+    }
+  }
+}
+
 // (key block, kv head, batch, ordering slot) of this CTA of flashmask_bwd_pp_kernel; variant 14
 // in deterministic mode: the interleaved 1-D launch order of BwdDetGroups (variant 21: the
 // pre-pass's key-block order at each launch position).
@@ -1149,23 +1199,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   }
 
-  Elem* dk = reinterpret_cast<Elem*>(a.dk);
-  Elem* dv = reinterpret_cast<Elem*>(a.dv);
-  CUTE_UNROLL
-  for (int e = 0; e < size(tdKrdK); e += 2) {
-    const int j = n * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
-    const int c = 8 * (e / 4) + col_base;
-    if (j < a.Sk) {
-      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
-      cutlass::Array<Elem, 2> pk, pv;
-      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
-      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
-      pv[0] = static_cast<Elem>(tdVrdV(e));
-      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
-    }
-  }
+  // dK / dV through shared memory (bwd_stage_rows): sK / sV are free once both warpgroups have
+  // retired their last GEMMs (each waited for its own; the dQ GEMM of either reads all of sK)
+  asm volatile("bar.sync 3, 256;\n" ::: "memory");
+  bwd_stage_rows<Elem, D>(ss.k.begin(), tdKrdK, a.scale, 64 * wg + (row_base & ~15), lane);
+  bwd_stage_rows<Elem, D>(ss.v.begin(), tdVrdV, 1.f, 64 * wg + (row_base & ~15), lane);
+  // each warpgroup reads back only its own 64 rows
+  if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+  else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+  const int64_t row0 = ((int64_t)b * a.Sk + n * Bn + 64 * wg) * a.K + hk;  // (key, kv head) row
+  const int rows = min(64, a.Sk - (n * Bn + 64 * wg));
+  bwd_rows_to_global<Elem, D>(reinterpret_cast<Elem*>(a.dk), ss.k.begin(), row0, a.K, rows,
+                              64 * wg, ctid % 128);
+  bwd_rows_to_global<Elem, D>(reinterpret_cast<Elem*>(a.dv), ss.v.begin(), row0, a.K, rows,
+                              64 * wg, ctid % 128);
 #endif
 }
 
