@@ -485,6 +485,21 @@ __device__ __forceinline__ uint32_t bwd_col_mask(int lts, int lte, int uts, int 
   return bwd_bit_range(a1, max(b1 - a1, 0)) | bwd_bit_range(a2, max(b2 - a2, 0));
 }
 
+// Consumer hand-offs with "memory" clobbers, so that the compiler keeps the plain smem accesses
+// (dS stores, row statistics and dQ-offset loads) on the right side of them (the CUTLASS barrier
+// and proxy-fence wrappers carry no clobber).
+__device__ __forceinline__ void pp_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(bar))
+               : "memory");
+}
+__device__ __forceinline__ void pp_wait(uint64_t* bar, int parity) {
+  cutlass::arch::ClusterTransactionBarrier::wait(bar, parity);
+  asm volatile("" ::: "memory");
+}
+__device__ __forceinline__ void pp_fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // Thread: one cp.reduce.async.bulk add of a Bytes/4-float dQ tile from smem into the workspace.
 template <int kFloats>
 __device__ __forceinline__ void bwd_issue_dq_reduce(float* gtile, const float* stile) {
@@ -505,14 +520,12 @@ __device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_
                                                      bool deterministic, uint64_t* empty) {
   if (deterministic) {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(empty))
-                 : "memory");
+    pp_arrive(empty);
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(sem_word), "r"(bit) : "memory");
   } else {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(empty))
-                 : "memory");
+    pp_arrive(empty);
   }
 }
 
@@ -539,20 +552,6 @@ __device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_
 //    of the first tile), one per tile, one after (the last tile's dQ GEMM), the same count in both
 //    warpgroups; warpgroup 1 pre-arrives once so that warpgroup 0 goes first and skips its last
 //    arrive, so every named-barrier phase is matched.
-// Consumer hand-offs with "memory" clobbers, so that the compiler keeps the plain smem accesses
-// (dS stores, row statistics and dQ-offset loads) on the right side of them (the CUTLASS barrier
-// and proxy-fence wrappers carry no clobber).
-__device__ __forceinline__ void pp_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(bar))
-               : "memory");
-}
-__device__ __forceinline__ void pp_wait(uint64_t* bar, int parity) {
-  cutlass::arch::ClusterTransactionBarrier::wait(bar, parity);
-  asm volatile("" ::: "memory");
-}
-__device__ __forceinline__ void pp_fence_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // A consumer thread's share of its dS^T fragment into the dS tile (queries x keys, K-major, 128B
 // swizzle) on 32-bit shared addresses: 4 swizzled bases per thread (one per (key half, query
@@ -1202,8 +1201,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // dK / dV through shared memory (bwd_stage_rows): sK / sV are free once both warpgroups have
   // retired their last GEMMs (each waited for its own; the dQ GEMM of either reads all of sK)
   asm volatile("bar.sync 3, 256;\n" ::: "memory");
-  bwd_stage_rows<Elem, D>(ss.k.begin(), tdKrdK, a.scale, 64 * wg + (row_base & ~15), lane);
-  bwd_stage_rows<Elem, D>(ss.v.begin(), tdVrdV, 1.f, 64 * wg + (row_base & ~15), lane);
+  const int k0w = 64 * wg + (row_base & ~15);  // this warp's first key row
+  bwd_stage_rows<Elem, D>(ss.k.begin(), tdKrdK, a.scale, k0w, lane);
+  bwd_stage_rows<Elem, D>(ss.v.begin(), tdVrdV, 1.f, k0w, lane);
   // each warpgroup reads back only its own 64 rows
   if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
   else asm volatile("bar.sync 5, 128;\n" ::: "memory");
