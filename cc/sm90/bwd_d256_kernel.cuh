@@ -468,22 +468,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   }
 
+  // dK / dV: this warpgroup's kDCols d columns of the 64 keys, 16-byte chunks (store_row_chunks)
   Elem* dkp = reinterpret_cast<Elem*>(a.dk);
   Elem* dvp = reinterpret_cast<Elem*>(a.dv);
   CUTE_UNROLL
-  for (int e = 0; e < size(tdKrdK); e += 2) {
-    const int j = n * Bn + row_base + 8 * ((e / 2) % 2);
-    const int c = T::kDCols * wg + 8 * (e / 4) + col_base;
-    if (j < a.Sk) {
-      const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + c;
-      cutlass::Array<Elem, 2> pk, pv;
-      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
-      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
-      pv[0] = static_cast<Elem>(tdVrdV(e));
-      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dkp + off) = pk;
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dvp + off) = pv;
-    }
+  for (int i = 0; i < 2; ++i) {
+    const int j = n * Bn + row_base + 8 * i;
+    const int64_t off = (((int64_t)b * a.Sk + j) * a.K + hk) * D + T::kDCols * wg;
+    store_row_chunks<Elem, T::kDCols>(j < a.Sk ? dkp + off : nullptr, tdKrdK, i, a.scale, lane);
+    store_row_chunks<Elem, T::kDCols>(j < a.Sk ? dvp + off : nullptr, tdVrdV, i, 1.f, lane);
   }
 #endif
 }

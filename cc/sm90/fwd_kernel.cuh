@@ -269,6 +269,42 @@ struct KeptGroups<true> {
   unsigned gmask;  // groups of the current chunk of 32 that may hold a kept block
 };
 
+// Row half i of a consumer thread's m64 x D accumulator fragment (element pairs e = 4 * kk + 2 * i at
+// columns 8 * kk + 2 * (lane % 4)), scaled and converted, stored as 16-byte chunks of 8 columns:
+// a 4 x 4 transpose of 4-byte words across the lane quad (two shuffle rounds) gives lane q chunk
+// 4 * blk + q of each group of four, so a warp store writes 8 rows x 64 contiguous bytes instead
+// of 8 rows x 16 bytes (half a sector) per 4-byte store (session 13; the backward pp kernel's dK /
+// dV go through smem instead: +7 % at 8K sliding_window). The forward's O and the d = 256
+// backward's dK / dV use it. All 32 lanes must call it (row == nullptr: a row past the end,
+// shuffle only).
+template <class Elem, int D, class Frag>
+__device__ __forceinline__ void store_row_chunks(Elem* row, Frag const& acc, int i, float scale,
+                                                     int lane) {
+  static_assert(sizeof(Elem) == 2 && D % 32 == 0, "groups of four 8-column chunks");
+  const int q = lane % 4;
+  CUTE_UNROLL
+  for (int blk = 0; blk < D / 32; ++blk) {
+    uint32_t v[4];  // v[j]: this lane's word of chunk 4 * blk + j
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      cutlass::Array<Elem, 2> p;
+      p[0] = static_cast<Elem>(acc(4 * (4 * blk + j) + 2 * i) * scale);
+      p[1] = static_cast<Elem>(acc(4 * (4 * blk + j) + 2 * i + 1) * scale);
+      v[j] = reinterpret_cast<uint32_t const&>(p);
+    }
+    // after the xor-1 round lane q holds words (q & ~1, c), (q | 1, c), (q & ~1, c + 2),
+    // (q | 1, c + 2) with c = q & 1 ((lane, chunk)); after the xor-2 round words (0..3, q)
+    const bool odd = q & 1, high = q & 2;
+    uint32_t s0 = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 1);
+    uint32_t s1 = __shfl_xor_sync(0xffffffffu, odd ? v[2] : v[3], 1);
+    if (odd) { v[0] = s0; v[2] = s1; } else { v[1] = s0; v[3] = s1; }
+    s0 = __shfl_xor_sync(0xffffffffu, high ? v[0] : v[2], 2);
+    s1 = __shfl_xor_sync(0xffffffffu, high ? v[1] : v[3], 2);
+    if (high) { v[0] = s0; v[1] = s1; } else { v[2] = s0; v[3] = s1; }
+    if (row) *reinterpret_cast<uint4*>(row + 8 * (4 * blk + q)) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
 // kRev (variant 14): the walk can also run from the last key block down (rev, set per tile).
 template <bool kRev>
 struct KeptDir {};
@@ -286,6 +322,7 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
   unsigned keep, part;
   int nxt;
   bool nxt_partial;
+
 
   KeptBlocks() = default;
   __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_,
@@ -1037,17 +1074,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < 2; ++i) {
         const int r = row0 + 8 * i;
-        if (r < a.Sq) {
-          Elem* orow = out + (((int64_t)b * a.Sq + r) * a.N + h) * D;
-          CUTE_UNROLL
-          for (int kk = 0; kk < D / 8; ++kk) {
-            cutlass::Array<Elem, 2> pair;
-            pair[0] = static_cast<Elem>(tOrO(4 * kk + 2 * i) * inv[i]);
-            pair[1] = static_cast<Elem>(tOrO(4 * kk + 2 * i + 1) * inv[i]);
-            *reinterpret_cast<cutlass::Array<Elem, 2>*>(orow + 8 * kk + colq) = pair;
-          }
-          if ((lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
-        }
+        // every lane shuffles (store_row_chunks); rows past Sq store nothing
+        store_row_chunks<Elem, D>(r < a.Sq ? out + (((int64_t)b * a.Sq + r) * a.N + h) * D : nullptr,
+                                      tOrO, i, inv[i], lane);
+        if (r < a.Sq && (lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
       }
     }  // tile loop
   }
