@@ -281,6 +281,7 @@ def forward(q, k, v, bounds, *, scale: float, variant: int | None = None, sm_mar
     "general" otherwise; only picks the default variant (DEFAULT_VARIANTS), the result is exact
     for any bounds.
     """
+    scale = _check_scale(scale)
     mod, reason = _load()
     if mod is None:
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
@@ -571,6 +572,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
     variant=21 (d = 128 only): 19 whose deterministic dQ order (and launch order) follows the key
     blocks' arrival at a shared tail on causal-blockwise-like masks (dK / dV bitwise 16's).
     """
+    scale = _check_scale(scale)
     mod, reason = _load()
     if mod is None:
         raise NotImplementedError(f"jax_flashmask CUDA kernels unavailable: {reason}")
@@ -614,6 +616,16 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
                           dq_mode=np.int32(dq_mode), deterministic=np.int32(deterministic),
                           variant=np.int32(variant), sm_margin=np.int32(sm_margin))
     return dq, dk, dv
+
+
+def _check_scale(scale) -> float:
+    # the kernels' softmax takes each row's running max of the raw scores QK^T as the max of the
+    # scaled ones, which holds for a positive scale only
+    scale = float(scale)
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 for the CUDA kernels, got {scale}; "
+                         "implementation='xla' takes any scale")
+    return scale
 
 
 def _check_sm_margin(sm_margin) -> int:

@@ -608,3 +608,17 @@ def test_fwd_mask_bits_model():
     # a column >= Sk: the interval [0, 2^31 - 1) masks every row
     w = _fwd_row_bits(np.zeros(4, np.int64), np.full(4, 2 ** 31 - 1, np.uint64), np.array([0, 32, 4096, 2 ** 30]))
     assert np.all(w == 0xFFFFFFFF)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf")])
+def test_cuda_scale_must_be_positive(scale):
+    # checked before the extension loads, so this runs without a GPU too
+    from jax_flashmask import _cuda
+
+    rng = np.random.default_rng(0)
+    q, k, v = make_qkv(rng, 1, 16, 16, 2, 2, 64)
+    bounds = jnp.zeros((1, 1, 4, 16), jnp.int32)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        _cuda.forward(q, k, v, bounds, scale=scale)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        _cuda._backward_kernel(q, k, v, bounds, q, jnp.zeros((1, 16, 2)), q, scale=scale)
