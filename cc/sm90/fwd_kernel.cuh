@@ -794,45 +794,71 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
         }
       };
-      // Online softmax on S in place (S -> P); returns the O correction factors in corr.
-      // Rows i = 0, 1 of this thread; a row lives in the 4 lanes of a quad.
-      auto softmax = [&](float (&corr)[2]) {
+      // Online softmax on S in place (S -> P); returns the O correction factors in corr and
+      // whether O must be rescaled by them. Rows i = 0, 1 of this thread; a row lives in the 4
+      // lanes of a quad. kLazyRescale (d = 256): the running max m_i moves only when a row of the
+      // warp grows past it by more than kRescaleLog2 (log2 units of the scaled score) or had no
+      // visible score yet; otherwise P = 2^(s*sl2 - m_i*sl2) <= 2^kRescaleLog2 and O / l keep
+      // their scale, which the epilogue's O / l and lse = m + ln l take as they are, and the block
+      // skips O's rescale (128 FMUL per thread at d = 256: +4-7 % at 8K, session 14; at d = 64 /
+      // 128 it gained nothing at 32K and lost up to 8 % on 8K short walks, so they rescale always).
+      constexpr bool kLazyRescale = D >= 256;
+      constexpr float kRescaleLog2 = 8.f;
+      // the exp of row i against the max m_i (resc: first moved to x) and l_i's update; selects,
+      // not a branch: ptxas then keeps the exp loop ahead of the PV GEMM's wait
+      auto exp_row = [&](int i, float x, bool resc, float (&corr)[2]) {
+        const float m = resc ? x : m_i[i];
+        const float msc = (m == -INFINITY) ? 0.f : m * sl2;
+        corr[i] = resc ? fast_exp2(m_i[i] * sl2 - msc) : 1.f;
+        m_i[i] = m;
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int kk = 0; kk < Bn / 8; ++kk) {
+          CUTE_UNROLL
+          for (int j = 0; j < 2; ++j) {
+            const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
+            tSrS(4 * kk + 2 * i + j) = p;
+            sum += p;
+          }
+        }
+        l_i[i] = l_i[i] * corr[i] + sum;
+      };
+      auto softmax = [&](float (&corr)[2]) -> bool {
+        float mx[2];
+        bool grow = false;
         CUTE_UNROLL
         for (int i = 0; i < 2; ++i) {
-          float mx;
+          float x;
           if constexpr (NWG == 3) {
             // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
             // across the GEMM issue, and the chain then starts without waiting for their load
-            mx = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
+            x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
             CUTE_UNROLL
             for (int kk = 1; kk < Bn / 8; ++kk) {
-              mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+              x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
             }
-            mx = fmaxf(mx, m_i[i]);
+            x = fmaxf(x, m_i[i]);
           } else {
-            mx = m_i[i];
+            x = m_i[i];
             CUTE_UNROLL
             for (int kk = 0; kk < Bn / 8; ++kk) {
-              mx = fmaxf(mx, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
+              x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
             }
           }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float msc = (mx == -INFINITY) ? 0.f : mx * sl2;
-          corr[i] = fast_exp2(m_i[i] * sl2 - msc);
-          m_i[i] = mx;
-          float sum = 0.f;
-          CUTE_UNROLL
-          for (int kk = 0; kk < Bn / 8; ++kk) {
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
-              tSrS(4 * kk + 2 * i + j) = p;
-              sum += p;
-            }
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+          mx[i] = x;
+          if constexpr (kLazyRescale) {
+            grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
+          } else {
+            exp_row(i, x, true, corr);
           }
-          l_i[i] = l_i[i] * corr[i] + sum;
         }
+        if constexpr (!kLazyRescale) return true;
+        const bool resc = __any_sync(0xffffffffu, grow);
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) exp_row(i, mx[i], resc, corr);
+        return resc;
       };
       auto rescale_o = [&](float const (&corr)[2]) {
         CUTE_UNROLL
@@ -921,8 +947,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           mask_and_release_k(partial, n, rd);
           float corr[2];
-          softmax(corr);
-          rescale_o(corr);
+          if (softmax(corr)) rescale_o(corr);
           convert_p();
           pipe_v.consumer_wait(rd);
           wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
@@ -995,12 +1020,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
           mask_and_release_k(partial, n, rd);
           float corr[2];
-          softmax(corr);
+          const bool resc = softmax(corr);
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(tOrP);
           pipe_v.consumer_release(rd_prev);
-          rescale_o(corr);
+          if (resc) rescale_o(corr);
           convert_p();
         }
         pipe_v.consumer_wait(rd);
