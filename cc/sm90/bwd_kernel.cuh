@@ -510,6 +510,13 @@ __device__ __forceinline__ void bwd_issue_dq_reduce(float* gtile, const float* s
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
+// Thread, once a dQ tile's reduce has completed: set the tile's ordering bit (the next key block's
+// writer may then add). The proxy fence orders the async-proxy reduce before the release.
+__device__ __forceinline__ void bwd_release_order_bit(uint32_t* sem_word, uint32_t bit) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(sem_word), "r"(bit) : "memory");
+}
+
 // Thread, after a dQ tile's reduce was committed: wait until the reduce has read the shared buffer
 // and free it (`empty`: the consumers refill it after waiting there); in deterministic mode wait
 // until the reduce completed, then free the buffer, then set the tile's ordering bit in `sem_word`
@@ -521,8 +528,7 @@ __device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_
   if (deterministic) {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     pp_arrive(empty);
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(sem_word), "r"(bit) : "memory");
+    bwd_release_order_bit(sem_word, bit);
   } else {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     pp_arrive(empty);
@@ -832,10 +838,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                   // buffer: free it before the fences of its bit (the lock-step consumers wait for
                   // it in the iteration that follows)
                   if constexpr (T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
-                  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                  asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
-                               "r"(1u << (slot % 32))
-                               : "memory");
+                  bwd_release_order_bit(a.dq_sem + pend_word, 1u << (slot % 32));
                   if constexpr (!T::kDetAuto) Barrier::arrive(&ss.dq_empty[pend_buf]);
                 }
                 pend_word = base + slot / 32;
@@ -854,10 +857,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         if constexpr (T::kDetPipe) {
           if (lane == 0 && pend_word >= 0) {  // the last tile's bit (its buffer is not reused)
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-            asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(a.dq_sem + pend_word),
-                         "r"(1u << (slot % 32))
-                         : "memory");
+            bwd_release_order_bit(a.dq_sem + pend_word, 1u << (slot % 32));
             Barrier::arrive(&ss.dq_empty[pend_buf]);
           }
         }

@@ -279,7 +279,7 @@ struct KeptGroups<true> {
 // shuffle only).
 template <class Elem, int D, class Frag>
 __device__ __forceinline__ void store_row_chunks(Elem* row, Frag const& acc, int i, float scale,
-                                                     int lane) {
+                                                 int lane) {
   static_assert(sizeof(Elem) == 2 && D % 32 == 0, "groups of four 8-column chunks");
   const int q = lane % 4;
   CUTE_UNROLL
@@ -322,7 +322,6 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
   unsigned keep, part;
   int nxt;
   bool nxt_partial;
-
 
   KeptBlocks() = default;
   __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_,
@@ -1101,7 +1100,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const int r = row0 + 8 * i;
         // every lane shuffles (store_row_chunks); rows past Sq store nothing
         store_row_chunks<Elem, D>(r < a.Sq ? out + (((int64_t)b * a.Sq + r) * a.N + h) * D : nullptr,
-                                      tOrO, i, inv[i], lane);
+                                  tOrO, i, inv[i], lane);
         if (r < a.Sq && (lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
       }
     }  // tile loop
