@@ -357,3 +357,15 @@ def test_bwd_breakdown_model():
     assert abs(r["K0"] - mod.FIT["K0"]) < 5 and abs(r["t_tile"] - mod.FIT["t_tile"]) < 1e-3 and r["rms"] < 0.01
     m = mod.model(8192, "sliding_window")
     assert abs(m["total"] - 12.18) / 12.18 < 0.02 and abs(m["ctas_per_sm"] - 32768 / 132) < 1e-9
+
+
+def test_gpu_timing_scripts_parse_their_arguments():
+    """The GPU-only timing scripts (variant_ab.py imports power_probe.py's sampler) import and
+    parse --help on a CPU machine; their timed parts need the H200."""
+    import subprocess
+    import sys
+
+    for script in ("variant_ab.py", "power_probe.py", "kernel_timing.py"):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (script, proc.stderr[-2000:])

@@ -1,0 +1,85 @@
+"""Sustained A/B of forward kernel variants at the power cap (issue 3 analysis).
+
+Short timing loops run at whatever clock the GPU starts with; sustained runs on the H200 are held
+at its 700 W cap (1.6-1.8 GHz), where a kernel's memory traffic costs clock (benchmarks/NOTES.md,
+session 15). This script times each variant for --secs seconds per phase, alternating the
+variants over --rounds rounds per mask (so drift hits all of them alike), samples SM clock and
+power (power_probe.ClockSampler), and checks once per mask that every variant's O and LSE equal
+the first variant's bit for bit (--check).
+Usage (H200): python benchmarks/variant_ab.py --seq 32768 --variants 11 19 --masks full causal --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jax_flashmask import _cuda, masks
+from power_probe import ClockSampler, sustained  # a sibling script (benchmarks/ is sys.path[0])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=32768)
+    ap.add_argument("--tokens", type=int, default=131072)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--masks", nargs="+", default=["full", "causal"])
+    ap.add_argument("--variants", type=int, nargs="+", required=True)
+    ap.add_argument("--secs", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+
+    S, H, d = a.seq, a.heads, a.d
+    B = max(1, a.tokens // S)
+    q, k, v = (jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in jax.random.split(jax.random.PRNGKey(S), 3))
+    suite = masks.benchmark_suite(S, 0, batch=B)
+    smi = ClockSampler()
+    phases, checks = [], {}
+    for name in a.masks:
+        m = suite[name]
+        bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
+        flops = 4.0 * B * H * S * S * d * (1 - float(masks.block_sparsity(m, S, 128)))
+        fns = {var: jax.jit(lambda q, k, v, b, var=var: _cuda.forward(q, k, v, b, scale=d ** -0.5, variant=var))
+               for var in a.variants}
+        if a.check:
+            o0, l0 = fns[a.variants[0]](q, k, v, bounds)
+            for var in a.variants[1:]:
+                o, l = fns[var](q, k, v, bounds)
+                checks[f"{name}:v{var}"] = bool(jnp.array_equal(o, o0) & jnp.array_equal(l, l0))
+                print(f"{name}: v{var} bitwise equal to v{a.variants[0]}: {checks[f'{name}:v{var}']}", flush=True)
+            del o0, l0
+        for rnd in range(a.rounds):
+            for var in (a.variants if rnd % 2 == 0 else a.variants[::-1]):
+                ph = sustained(fns[var], (q, k, v, bounds), a.secs)
+                phases.append(dict(mask=name, variant=var, round=rnd, **ph, tflops=flops / ph["ms"] / 1e9))
+                time.sleep(0.5)
+    smi.stop()
+    print(f"S={S} B={B} H={H} d={d}")
+    print(f"{'mask':16s} {'var':>4s} {'rnd':>3s} {'ms':>8s} {'TFLOP/s':>8s} {'MHz':>6s} {'W':>5s} {'TF/GHz':>7s}")
+    for p in phases:
+        smi.annotate(p)
+        print(f"{p['mask']:16s} {p['variant']:4d} {p['round']:3d} {p['ms']:8.3f} {p['tflops']:8.1f} "
+              f"{p.get('mhz', 0):6.0f} {p.get('watts', 0):5.0f} {p.get('tflops_per_ghz', 0):7.1f}")
+    for name in a.masks:
+        med = {var: statistics.median(p["tflops"] for p in phases if p["mask"] == name and p["variant"] == var)
+               for var in a.variants}
+        base = med[a.variants[0]]
+        print(f"{name:16s} median TFLOP/s " + "  ".join(f"v{var} {t:.1f} ({t / base - 1:+.1%})" for var, t in med.items()))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(dict(device=str(jax.devices()[0]), B=B, S=S, H=H, d=d, argv=sys.argv, checks=checks,
+                           phases=phases), fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
