@@ -7,6 +7,7 @@ variants over --rounds rounds per mask (so drift hits all of them alike), sample
 power (power_probe.ClockSampler), and checks once per mask that every variant's O and LSE equal
 the first variant's bit for bit (--check).
 Usage (H200): python benchmarks/variant_ab.py --seq 32768 --variants 11 19 --masks full causal --json out.json
+Tables of saved runs (any machine): python benchmarks/variant_ab.py --render a.json b.json --md out.md
 """
 
 from __future__ import annotations
@@ -24,6 +25,28 @@ from jax_flashmask import _cuda, masks
 from power_probe import ClockSampler, sustained  # a sibling script (benchmarks/ is sys.path[0])
 
 
+def table_md(runs) -> str:
+    """Markdown table of saved runs (the JSON this script writes): per (S, mask), each variant's
+    median TFLOP/s over its phases (change against the first variant), SM clock and TFLOP/s per GHz."""
+    lines = ["| S | mask | variant | TFLOP/s | vs first | MHz | TFLOP/s per GHz | bit-identical |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for run in runs:
+        ph, checks = run["phases"], run.get("checks", {})
+        variants = list(dict.fromkeys(p["variant"] for p in ph))
+        for mask in dict.fromkeys(p["mask"] for p in ph):
+            base = None
+            for var in variants:
+                xs = [p for p in ph if p["mask"] == mask and p["variant"] == var]
+                tf = statistics.median(p["tflops"] for p in xs)
+                mhz = statistics.median(p.get("mhz", 0.0) for p in xs)
+                tpg = statistics.median(p.get("tflops_per_ghz", 0.0) for p in xs)
+                base = tf if base is None else base
+                same = checks.get(f"{mask}:v{var}", "")
+                lines.append(f"| {run['S']} | {mask} | {var} | {tf:.1f} | {tf / base - 1:+.1%} | {mhz:.0f} | "
+                             f"{tpg:.0f} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=32768)
@@ -31,12 +54,24 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--masks", nargs="+", default=["full", "causal"])
-    ap.add_argument("--variants", type=int, nargs="+", required=True)
+    ap.add_argument("--variants", type=int, nargs="+")
     ap.add_argument("--secs", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--md", default=None, help="also write the markdown table here")
+    ap.add_argument("--render", nargs="+", default=None, help="only tabulate these saved JSON runs")
     a = ap.parse_args(argv)
+    if a.render:
+        runs = [json.load(open(path)) for path in a.render]
+        text = table_md(runs)
+        if a.md:
+            with open(a.md, "w") as fh:
+                fh.write(text)
+        print(text, end="")
+        return 0
+    if not a.variants:
+        ap.error("--variants is required (unless --render)")
 
     S, H, d = a.seq, a.heads, a.d
     B = max(1, a.tokens // S)
@@ -74,10 +109,13 @@ def main(argv=None) -> int:
                for var in a.variants}
         base = med[a.variants[0]]
         print(f"{name:16s} median TFLOP/s " + "  ".join(f"v{var} {t:.1f} ({t / base - 1:+.1%})" for var, t in med.items()))
+    run = dict(device=str(jax.devices()[0]), B=B, S=S, H=H, d=d, argv=sys.argv, checks=checks, phases=phases)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(dict(device=str(jax.devices()[0]), B=B, S=S, H=H, d=d, argv=sys.argv, checks=checks,
-                           phases=phases), fh, indent=1)
+            json.dump(run, fh, indent=1)
+    if a.md:
+        with open(a.md, "w") as fh:
+            fh.write(table_md([run]))
     return 0
 
 
