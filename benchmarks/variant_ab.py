@@ -104,18 +104,15 @@ def main(argv=None) -> int:
         smi.annotate(p)
         print(f"{p['mask']:16s} {p['variant']:4d} {p['round']:3d} {p['ms']:8.3f} {p['tflops']:8.1f} "
               f"{p.get('mhz', 0):6.0f} {p.get('watts', 0):5.0f} {p.get('tflops_per_ghz', 0):7.1f}")
-    for name in a.masks:
-        med = {var: statistics.median(p["tflops"] for p in phases if p["mask"] == name and p["variant"] == var)
-               for var in a.variants}
-        base = med[a.variants[0]]
-        print(f"{name:16s} median TFLOP/s " + "  ".join(f"v{var} {t:.1f} ({t / base - 1:+.1%})" for var, t in med.items()))
     run = dict(device=str(jax.devices()[0]), B=B, S=S, H=H, d=d, argv=sys.argv, checks=checks, phases=phases)
+    text = table_md([run])  # the per-variant medians, also the summary on the console
+    print(text, end="")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(run, fh, indent=1)
     if a.md:
         with open(a.md, "w") as fh:
-            fh.write(table_md([run]))
+            fh.write(text)
     return 0
 
 
