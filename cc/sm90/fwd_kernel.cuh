@@ -465,6 +465,17 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
   }
 };
 
+// kMaskBits, TMA warp, stage wr acquired (K's empty barrier waited: the builders arrived on it
+// after bits_full): wait for the completed bits_full phase of the stage's previous job, which the
+// consumers waited for only if that block was partial. Every phase then has a waiter before the
+// builders arrive on the next one (compute-sanitizer synccheck reports an arrival on an mbarrier
+// whose previous phase nobody waited for as "Missing wait"). Already complete: one try_wait. The
+// producer state's phase is the previous phase's parity (round 0: the phase before init, done).
+template <class Storage, class State>
+__device__ __forceinline__ void bits_full_drain(Storage& ss, State const& wr) {
+  cutlass::arch::ClusterBarrier::wait(&ss.bits_full[wr.index()], wr.phase());
+}
+
 template <class T, class TmaQ, class TmaK, class TmaV>
 __global__ void __launch_bounds__(T::kThreads, 1)
     flashmask_fwd_kernel(CUTE_GRID_CONSTANT KArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
@@ -599,6 +610,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           const int n = blocks.next(partial, a.group_meta);
           if (lane == 0) {
             pipe_k.producer_acquire(wr);
+            if constexpr (T::kMaskBits) bits_full_drain(ss, wr);
             auto* bar = pipe_k.producer_get_barrier(wr);
             if (partial && a.smem_bounds) {
               // the four bound vectors of a partial block ride on K's barrier (expect first, so
@@ -628,6 +640,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (lane == 0) {
           EmptyBarrier::wait(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[wr.index()]),
                              wr.phase());
+          bits_full_drain(ss, wr);
           ss.job[wr.index()] = make_int4(-1, 0, 0, 0);
           asm volatile("" ::: "memory");
           EmptyBarrier::arrive(&ss.job_full[wr.index()]);
