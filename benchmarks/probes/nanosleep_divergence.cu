@@ -1,9 +1,10 @@
 // Probe (session 17, benchmarks/NOTES.md): does a plain nanosleep executed by lane 0 alone, while
 // the other 31 lanes of its warp wait at the reconvergence point, always wake up? The zero-ahead
 // backward hung when its dQ writer polled a counter that way and ran clean with the whole warp
-// polling. Each case runs one launch of 264 CTAs x 256 threads and reports ok / HANG (no completion within
-// the deadline; the process then exits without tearing the context down).
-// Build and run (H200): nvcc -arch=sm_90a -O3 -o /tmp/nsd benchmarks/probes/nanosleep_divergence.cu && /tmp/nsd
+// polling. Each case runs one launch of 264 CTAs x 256 threads and reports ok / HANG (no
+// completion within 5 s; the process then exits without tearing the context down).
+// Build and run (H200):
+//   nvcc -arch=sm_90a -O3 -o /tmp/nsd benchmarks/probes/nanosleep_divergence.cu && /tmp/nsd
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
