@@ -607,8 +607,9 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
         jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
         jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
         # block metadata [B, Hm, 8, nblk], then the scheduler area: counter, G, order flag, spare,
-        # variant 6's key-block order [nblk], variant 21's key-block orders [B, Hm, nblk]
-        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk,), jnp.int32),
+        # variant 6's key-block order [nblk], variant 21's key-block orders [B, Hm, nblk], the
+        # look-ahead zeroing's counters [K * B] (bwd_kernel.cuh bwd_zero_unit)
+        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B,), jnp.int32),
         jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")

@@ -514,7 +514,8 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
   const size_t smem = sizeof(typename T::SharedStorage);
 
-  cudaError_t e = bwd_prepare_workspaces<T>(p, mblk, sq_pad, sem_words, stream);
+  cudaError_t e = bwd_prepare_workspaces<T>(p, mblk, sq_pad, sem_words,
+                                                 (size_t)p.B * p.N * sq_pad * T::D, stream);
   if (e != cudaSuccess) return e;
   const auto tmas = bwd_tma_copies<T>(p);
   auto tma_q = std::get<0>(tmas), tma_do = std::get<1>(tmas);

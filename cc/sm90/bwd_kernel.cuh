@@ -334,6 +334,9 @@ struct BwdArgs {
   // when it wrote one (sched[2] = 1: sched[4 + nblk + (b * Hm + hm) * nblk + i] = the key block at
   // launch position i); 0 = descending key block (every other variant).
   int det_perm;
+  // Look-ahead zeroing of dq_accum (bwd_zero_ahead below; nullptr = the prep kernel zeroes all of
+  // it): one counter per launch unit, zeroed before the launch.
+  int* zero_count;
 };
 
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
@@ -492,6 +495,86 @@ __device__ __forceinline__ void pp_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cute::cast_smem_ptr_to_uint(bar))
                : "memory");
 }
+// Look-ahead zeroing of the fp32 dQ accumulator (BwdArgs::zero_count set; flashmask_bwd_pp_kernel).
+// The CTAs launch in units whose dQ rows are one contiguous range of dq_accum: a (kv head, batch)
+// pair (heads_per_kv heads of sq_pad rows), or in deterministic mode a launch group of G pairs.
+// At CTA start the idle producer warp 3 of each CTA of unit u zeroes its slice of unit u + 1's
+// range and counts itself in zero_count[u + 1] (release); the dQ writer of a CTA of unit u >= 1
+// waits before its first reduce until zero_count[u] counts every CTA of unit u - 1 (acquire).
+// The prep kernel zeroes unit 0 only. Why: the prep kernel's zeros went to HBM (2.2 GB per 128K
+// tokens x 32 heads at d = 128) and the reduce-adds read them back; these are written into L2
+// one unit ahead of their use. Deadlock-free: a CTA waits only for CTAs launched before it.
+struct BwdZeroUnit {
+  int u;          // this CTA's unit
+  int rank;       // its position in the unit's launch range
+  int span;       // CTAs in unit u
+  int prev_span;  // CTAs in unit u - 1
+  int next_pair0, next_pairs;  // pairs of unit u + 1 (next_pairs = 0: none)
+};
+
+template <class T>
+__device__ __forceinline__ BwdZeroUnit bwd_zero_unit(const BwdArgs& a) {
+  BwdZeroUnit z;
+  const int pairs = a.K * a.B;
+  int G = 1;
+  if constexpr (T::kDetGroups) {
+    if (a.deterministic) {  // bwd_pp_item's launch groups
+      G = a.det_group;
+      if constexpr (T::kDetAuto) {
+        if (G <= 0) G = __ldg(a.sched + 1);
+      }
+      const int64_t full_span = (int64_t)a.nblk * G;
+      const int64_t x = blockIdx.x;
+      z.u = (int)(x / full_span);
+      z.rank = (int)(x - z.u * full_span);
+      z.span = a.nblk * min(G, pairs - z.u * G);
+      z.prev_span = (int)full_span;
+      z.next_pair0 = (z.u + 1) * G;
+      z.next_pairs = max(0, min(G, pairs - z.next_pair0));
+      return z;
+    }
+  }
+  z.u = (int)blockIdx.y + a.K * (int)blockIdx.z;  // pair (kv head, batch); grid (nblk, K, B)
+  z.rank = (int)blockIdx.x;
+  z.span = a.nblk;
+  z.prev_span = a.nblk;
+  z.next_pair0 = z.u + 1;
+  z.next_pairs = z.u + 1 < pairs ? 1 : 0;
+  return z;
+}
+
+// Warp 3 at CTA start: zero this CTA's slice of unit u + 1's rows, then count it (every lane's
+// stores are ordered before lane 0's release by the warp barrier).
+template <int D>
+__device__ __forceinline__ void bwd_zero_next_unit(const BwdArgs& a, const BwdZeroUnit& z, int lane) {
+  if (z.next_pairs == 0) return;
+  const int64_t pair4 = (int64_t)a.heads_per_kv * a.sq_pad * (D / 4);  // float4 per pair
+  float4* base = reinterpret_cast<float4*>(a.dq_accum) + z.next_pair0 * pair4;
+  const int64_t n4 = z.next_pairs * pair4;
+  const int64_t per = (n4 + z.span - 1) / z.span;
+  const int64_t lo = min(n4, z.rank * per), hi = min(n4, lo + per);
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t i = lo + lane; i < hi; i += 32) base[i] = zero;
+  __syncwarp();
+  if (lane == 0)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.zero_count + z.u + 1) : "memory");
+}
+
+// dQ writer warp, before its first reduce: unit u's rows are zero once every CTA of unit u - 1
+// has counted itself; the proxy fence orders those (generic) zeros before the async-proxy reduce.
+// Every lane polls: with lane 0 alone polling here (a __nanosleep loop; the other lanes parked at
+// the reconvergence point) the kernel hung in about half of the calls on the H200 (session 17; a
+// lane-0-only sleep at the same place hung every call, without any zeroing). A standalone probe of
+// that shape (benchmarks/probes/nanosleep_divergence.cu) never hung (session 18), so the cause is
+// not understood; the warp-wide wait hung in none (benchmarks/NOTES.md, sessions 17-18).
+__device__ __forceinline__ void bwd_wait_zeroed(const BwdArgs& a, const BwdZeroUnit& z) {
+  if (z.u > 0) {
+    const uint32_t* c = reinterpret_cast<const uint32_t*>(a.zero_count + z.u);
+    while (ld_acquire_gpu(c) < (uint32_t)z.prev_span) __nanosleep(128);
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void pp_wait(uint64_t* bar, int parity) {
   cutlass::arch::ClusterTransactionBarrier::wait(bar, parity);
   asm volatile("" ::: "memory");
@@ -819,6 +902,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // still in flight (lane 0; -1: none)
         [[maybe_unused]] int64_t pend_word = -1;
         [[maybe_unused]] int pend_buf = 0;
+        // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
+        // long before the first dQ tile: the CTAs it waits for were launched before this one)
+        if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
@@ -864,6 +950,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     } else if (warp == 2) {
       if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
+    } else if (a.zero_count != nullptr) {  // warp 3
+      bwd_zero_next_unit<D>(a, bwd_zero_unit<T>(a), lane);
     }
     return;
   }
@@ -1682,14 +1770,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 // Host side shared by the backward launchers (launch_bwd_impl here, launch_bwd_d256_impl in
 // bwd_d256_kernel.cuh). The workspaces the main kernel reads, in stream order: block metadata
-// (at T::Bn keys), row statistics, the zeroed fp32 dQ accumulator and (deterministic) ordering bits.
+// (at T::Bn keys), row statistics, the zeroed fp32 dQ accumulator (its first dq_zero_floats; all
+// of it unless the main kernel zeroes ahead) and (deterministic) ordering bits.
 template <class T>
 cudaError_t bwd_prepare_workspaces(const BwdParams& p, int mblk, int sq_pad, int sem_words,
-                                   cudaStream_t stream) {
+                                   size_t dq_zero_floats, cudaStream_t stream) {
   cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, T::Bn, stream);
   if (e != cudaSuccess) return e;
   // row statistics and the zeros of the fp32 dQ accumulator [B, N, sq_pad, T::D] in one kernel
-  e = bwd_prep_sm90(p, sq_pad, (size_t)p.B * p.N * sq_pad * T::D, stream);
+  e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, stream);
   if (e != cudaSuccess) return e;
   if (p.deterministic)
     e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
@@ -1746,6 +1835,7 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   a.sec_heads = 1;
   a.det_group = 1;
   a.det_perm = 0;
+  a.zero_count = nullptr;
   return a;
 }
 
@@ -1788,13 +1878,46 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
   const size_t smem = sizeof(typename T::SharedStorage);
 
-  cudaError_t e = bwd_prepare_workspaces<T>(p, mblk, sq_pad, sem_words, stream);
+  // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters follow
+  // variant 21's orders in the metadata workspace (without room for them: the prep kernel zeroes
+  // everything). Unit 0 is zeroed here: one pair, or in deterministic launch groups the largest G
+  // the launch can take (JFM_BWD_DET_GROUP, else at most kDetGroupPairs). JFM_BWD_ZERO_AHEAD=0
+  // turns it off (A/B timing; read once per process).
+  static const bool env_zero_ahead = [] {
+    const char* s = std::getenv("JFM_BWD_ZERO_AHEAD");
+    return !(s && std::atoi(s) == 0);
+  }();
+  const int pairs = p.K * p.B;
+  const int64_t count_off = meta_elems + 4 + nblk + (int64_t)p.B * p.Hm * nblk;
+  const bool zero_ahead = !T::kPersist && p.dq_mode == 1 && env_zero_ahead &&
+                          p.meta_capacity >= count_off + pairs;
+  // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
+  // (timing experiments; read once per process)
+  static const int env_group = [] {
+    const char* s = std::getenv("JFM_BWD_DET_GROUP");
+    return s ? std::atoi(s) : 0;
+  }();
+  int unit0_pairs = 1;
+  if constexpr (T::kDetGroups) {
+    if (p.deterministic) unit0_pairs = std::min(pairs, std::max(kDetGroupPairs, env_group));
+  }
+  const size_t pair_floats = (size_t)(p.N / p.K) * sq_pad * D;
+  cudaError_t e = bwd_prepare_workspaces<T>(
+      p, mblk, sq_pad, sem_words, pair_floats * (zero_ahead ? (size_t)unit0_pairs : (size_t)pairs),
+      stream);
   if (e != cudaSuccess) return e;
+  int* zero_count = nullptr;
+  if (zero_ahead) {
+    zero_count = p.meta + count_off;
+    e = cudaMemsetAsync(zero_count, 0, sizeof(int) * (size_t)pairs, stream);
+    if (e != cudaSuccess) return e;
+  }
   const auto tmas = bwd_tma_copies<T>(p);
   auto tma_q = std::get<0>(tmas), tma_do = std::get<1>(tmas);
   auto tma_k = std::get<2>(tmas), tma_v = std::get<3>(tmas);
   BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
   a.items_total = (int)std::min<int64_t>(items_total, INT32_MAX);
+  a.zero_count = zero_count;
 
   auto kernel = [&]() {
     if constexpr (T::kPersist)
@@ -1810,13 +1933,6 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
         if (err) *err = "flashmask sm90 backward: too many work items for variants 14 / 15";
         return cudaErrorInvalidValue;
       }
-      // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
-      // (timing experiments; read once per process)
-      static const int env_group = [] {
-        const char* s = std::getenv("JFM_BWD_DET_GROUP");
-        return s ? std::atoi(s) : 0;
-      }();
-      const int pairs = p.K * p.B;
       a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
       grid = dim3((unsigned)items_total, 1, 1);
       if constexpr (T::kDetAuto) {

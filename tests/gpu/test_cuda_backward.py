@@ -267,6 +267,31 @@ def test_many_key_blocks_and_heads():
                                           np.asarray(y.astype(jnp.float32)))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("N,K", [(8, 8), (8, 2)])
+def test_zero_ahead_on_a_dirty_workspace(N, K, variant):
+    """The main kernel zeroes each (kv head, batch) pair's dQ rows one pair ahead of their use
+    (bwd_kernel.cuh bwd_zero_unit; the prep kernel zeroes the first pair only). A backward of
+    other inputs of the same shape first leaves its fp32 accumulator in the allocator's pool, so a
+    pair left unzeroed would carry its sums into this one. 4 x 8 or 4 x 2 pairs of 8 key blocks:
+    more CTAs than SMs, so pairs wait across waves. Both modes, against the reference."""
+    d = _d_for(variant)
+    _need(jnp.bfloat16, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    B, S = 4, 1000
+    b = causal_bounds(B, 1, S, S)
+    dirty = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
+    q, k, v, do = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
+    for det in (False, True):
+        bj = jnp.asarray(b)
+        out, lse = _cuda.forward(dirty[0], dirty[1], dirty[2], bj, scale=0.1)
+        jax.block_until_ready(_bwd(*dirty[:3], bj, out, lse, dirty[3], None, scale=0.1,
+                                   variant=variant, deterministic=det))
+        fn = lambda *a: _bwd(*a, scale=0.1, variant=variant, deterministic=det)  # noqa: E731
+        _check(q, k, v, do, b, scale=0.1, seed=f"{seed} det={det}", rng=rng, fn=fn)
+
+
 def test_vmap_matches_batched():
     _need(jnp.bfloat16, 128)
     seed = _seed()
@@ -1200,7 +1225,8 @@ def test_d256_workspaces_use_64_key_blocks():
     f = jax.jit(lambda *a: _bwd(*a, scale=256 ** -0.5, deterministic=True))
     hlo = f.lower(q, k, v, b, out, lse, do, None).as_text()
     assert "tensor<1x2x2x2xi32>" in hlo  # [B, N, query tiles, ceil(33 / 32)]
-    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33 + 33), hlo)  # metadata at 64 keys
+    # metadata at 64 keys, the scheduler area, the zeroing counters (K * B)
+    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33 + 33 + 1), hlo)
     _check(q, k, v, do, np.asarray(b), seed=0, rng=rng, fn=f)
 
 
