@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 AUX = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
 KERNEL = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
+D256 = (ROOT / "cc" / "sm90" / "bwd_d256_kernel.cuh").read_text()
 
 PREP_THREADS = 256
 ROW_THREADS = 8
@@ -76,6 +77,24 @@ def test_zeroing_covers_the_memset_range(B, Sq, N, d, variant):
             hits[j] += 1
     assert (hits[:zero_floats] == 1).all()
     assert (hits[zero_floats:] == 0).all()
+
+
+@pytest.mark.parametrize("K", [1, 2, 4])
+@pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
+def test_zero_ahead_prefix(B, Sq, N, d, variant, K):
+    """launch_bwd_impl's zeroing amounts: K * B pairs of (N / K) * sq_pad * d floats are the
+    whole memset range; unit 0 (pair 0 = kv head 0 of batch 0, or the first G pairs of a
+    deterministic group) is a prefix of it, the rows of query heads 0 .. G * N / K - 1."""
+    if N % K:
+        pytest.skip("N must be a multiple of K")
+    nbytes, sq_pad = memset_range(B, Sq, N, d, variant)
+    pairs, pair_floats = K * B, (N // K) * sq_pad * d
+    assert 4 * pair_floats * pairs == nbytes
+    for g in range(1, pairs + 1):  # dq_accum [B, N, sq_pad, d]: pair u = b * K + hk
+        rows = {(u // K, (u % K) * (N // K) + h) for u in range(g) for h in range(N // K)}
+        flat = sorted(b * N + h for b, h in rows)
+        assert flat == list(range(g * (N // K)))
+        assert g * pair_floats == len(flat) * sq_pad * d
 
 
 @pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
@@ -228,7 +247,15 @@ def test_convert80_write_phase_unchanged(Sq, mt):
 def test_sources_match_the_model():
     """The transcribed constants and the call site are those of the sources."""
     assert "cudaMemsetAsync(p.dq_accum" not in KERNEL
-    assert "bwd_prep_sm90(p, sq_pad, (size_t)p.B * p.N * sq_pad * T::D, stream)" in KERNEL
+    assert "e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, stream);" in KERNEL
+    # the two callers of bwd_prepare_workspaces: d = 256 zeroes the whole accumulator; the pp
+    # launcher all (K * B pairs) or, zeroing ahead, unit 0's pairs (test_zero_ahead_prefix)
+    assert re.search(r"bwd_prepare_workspaces<T>\(p, mblk, sq_pad, sem_words,\s+"
+                     r"\(size_t\)p\.B \* p\.N \* sq_pad \* T::D, stream\)", D256)
+    assert "const int pairs = p.K * p.B;" in KERNEL
+    assert "const size_t pair_floats = (size_t)(p.N / p.K) * sq_pad * D;" in KERNEL
+    assert re.search(r"p, mblk, sq_pad, sem_words, pair_floats \* \(zero_ahead \? "
+                     r"\(size_t\)unit0_pairs : \(size_t\)pairs\),", KERNEL)
     assert re.search(r"constexpr int kPrepThreads = 256;", AUX)
     assert re.search(r"constexpr int kPrepRowThreads = 8;", AUX)
     assert "for (int k = 0; k < kChunks; ++k) xo[k] = orow[t + 8 * k];" in AUX
