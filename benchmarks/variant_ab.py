@@ -8,6 +8,8 @@ power (power_probe.ClockSampler), and checks once per mask that every variant's 
 the first variant's bit for bit (--check).
 Usage (H200): python benchmarks/variant_ab.py --seq 32768 --variants 11 19 --masks full causal --json out.json
 Tables of saved runs (any machine): python benchmarks/variant_ab.py --render a.json b.json --md out.md
+  (two builds, same variant numbers: --render main_r1.json exp_r1.json main_r2.json exp_r2.json
+   --labels main exp main exp)
 """
 
 from __future__ import annotations
@@ -25,25 +27,52 @@ from jax_flashmask import _cuda, masks
 from power_probe import ClockSampler, sustained  # a sibling script (benchmarks/ is sys.path[0])
 
 
+def load_runs(paths, labels=None) -> list[dict]:
+    """Saved runs, each with its module label: a file is one run (this script's JSON) or a list of
+    ``{"module": label, "data": run}`` (runs of several modules gathered in one file). --labels
+    name the files' runs in order (one label per file) and override stored ones."""
+    if labels and len(labels) != len(paths):
+        raise SystemExit(f"--labels: {len(labels)} labels for {len(paths)} files")
+    runs = []
+    for i, path in enumerate(paths):
+        doc = json.load(open(path))
+        for item in doc if isinstance(doc, list) else [doc]:
+            run = dict(item["data"]) if "data" in item else dict(item)
+            run["module"] = labels[i] if labels else item.get("module", run.get("module", ""))
+            runs.append(run)
+    return runs
+
+
 def table_md(runs) -> str:
-    """Markdown table of saved runs (the JSON this script writes): per (S, mask), each variant's
-    median TFLOP/s over its phases (change against the first variant), SM clock and TFLOP/s per GHz."""
-    lines = ["| S | mask | variant | TFLOP/s | vs first | MHz | TFLOP/s per GHz | bit-identical |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
-    for run in runs:
-        ph, checks = run["phases"], run.get("checks", {})
-        variants = list(dict.fromkeys(p["variant"] for p in ph))
-        for mask in dict.fromkeys(p["mask"] for p in ph):
-            base = None
-            for var in variants:
-                xs = [p for p in ph if p["mask"] == mask and p["variant"] == var]
-                tf = statistics.median(p["tflops"] for p in xs)
-                mhz = statistics.median(p.get("mhz", 0.0) for p in xs)
-                tpg = statistics.median(p.get("tflops_per_ghz", 0.0) for p in xs)
-                base = tf if base is None else base
-                same = checks.get(f"{mask}:v{var}", "")
-                lines.append(f"| {run['S']} | {mask} | {var} | {tf:.1f} | {tf / base - 1:+.1%} | {mhz:.0f} | "
-                             f"{tpg:.0f} | {same} |")
+    """Markdown table of saved runs (the JSON this script writes): per (S, d, mask, variant, module)
+    the median TFLOP/s over its phases and each run's own median (runs in order), the change
+    against the first module (one module: against the first variant), SM clock and TFLOP/s per
+    GHz. Runs of one module with the same (S, d, mask, variant) are repeats (alternated processes)."""
+    modules = list(dict.fromkeys(r.get("module", "") for r in runs))
+    cols = "| S | d | mask | variant |" + (" module |" if len(modules) > 1 else "")
+    lines = [cols + " TFLOP/s | per run | vs first | MHz | TFLOP/s per GHz | bit-identical |",
+             "|" + "---|" * (cols.count("|") - 1) + "---:|---|---:|---:|---:|---|"]
+    groups: dict = {}  # (S, d, mask, variant, module) -> [(run index, phase)]
+    checks = {}
+    for i, run in enumerate(runs):
+        for p in run["phases"]:
+            key = (run["S"], run.get("d", 0), p["mask"], p["variant"], run.get("module", ""))
+            groups.setdefault(key, []).append((i, p))
+        for name, ok in run.get("checks", {}).items():
+            checks[(run["S"], run.get("d", 0), run.get("module", ""), name)] = ok
+    base = {}
+    for key, xs in groups.items():
+        S, d, mask, var, mod = key
+        tf = statistics.median(p["tflops"] for _, p in xs)
+        ref = (S, d, mask) + ((var,) if len(modules) > 1 else ())
+        base.setdefault(ref, tf)
+        per_run = " / ".join(f"{statistics.median(p['tflops'] for j, p in xs if j == i):.1f}"
+                             for i in dict.fromkeys(j for j, _ in xs))
+        mhz = statistics.median(p.get("mhz", 0.0) for _, p in xs)
+        tpg = statistics.median(p.get("tflops_per_ghz", 0.0) for _, p in xs)
+        same = checks.get((S, d, mod, f"{mask}:v{var}"), "")
+        row = f"| {S} | {d} | {mask} | {var} |" + (f" {mod} |" if len(modules) > 1 else "")
+        lines.append(f"{row} {tf:.1f} | {per_run} | {tf / base[ref] - 1:+.1%} | {mhz:.0f} | {tpg:.0f} | {same} |")
     return "\n".join(lines) + "\n"
 
 
@@ -61,10 +90,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None, help="also write the markdown table here")
     ap.add_argument("--render", nargs="+", default=None, help="only tabulate these saved JSON runs")
+    ap.add_argument("--labels", nargs="+", default=None,
+                    help="with --render: one module label per file (A/B of builds that share variant numbers)")
     a = ap.parse_args(argv)
     if a.render:
-        runs = [json.load(open(path)) for path in a.render]
-        text = table_md(runs)
+        text = table_md(load_runs(a.render, a.labels))
         if a.md:
             with open(a.md, "w") as fh:
                 fh.write(text)

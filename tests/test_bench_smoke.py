@@ -369,3 +369,36 @@ def test_gpu_timing_scripts_parse_their_arguments():
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"],
                               capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert proc.returncode == 0 and "usage:" in proc.stdout, (script, proc.stderr[-2000:])
+
+
+def test_variant_ab_renders_module_labels(tmp_path):
+    """variant_ab.py --render: runs of two builds with the same variant number are told apart by
+    module (stored in a gathered file, or --labels per file) and compared per variant; the
+    session-18 O-epilogue table comes out of its JSON (main vs oepi, 32K full -2.9 %)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("variant_ab", ROOT / "benchmarks" / "variant_ab.py")
+    vab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vab)
+    gathered = ROOT / "benchmarks" / "results" / "h200_2026-12-03s18_fwd_oepi_ab.json"
+    text = vab.table_md(vab.load_runs([str(gathered)]))
+    row = [ln for ln in text.splitlines() if "| 32768 | 128 | full | 11 | oepi" in ln]
+    assert len(row) == 1 and "| 612.7 / 611.4 | -2.9% |" in row[0], text
+
+    def run(tf):
+        return {"S": 8192, "d": 128, "checks": {},
+                "phases": [{"mask": "full", "variant": 11, "tflops": tf, "mhz": 1700.0}]}
+    paths = []
+    for i, tf in enumerate((500.0, 550.0, 510.0, 560.0)):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(run(tf)))
+    runs = vab.load_runs([str(p) for p in paths], ["a", "b", "a", "b"])
+    text = vab.table_md(runs)
+    a = [ln for ln in text.splitlines() if "| 11 | a |" in ln]
+    b = [ln for ln in text.splitlines() if "| 11 | b |" in ln]
+    assert len(a) == len(b) == 1
+    assert "| 505.0 | 500.0 / 510.0 | +0.0% |" in a[0] and "| 555.0 | 550.0 / 560.0 | +9.9% |" in b[0]
+    with pytest.raises(SystemExit):
+        vab.load_runs([str(paths[0])], ["a", "b"])
