@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flashmask import _cuda, masks
-from kernel_timing import json_rows  # a sibling script (benchmarks/ is sys.path[0])
+from kernel_timing import json_rows, timing_suite  # a sibling script (benchmarks/ is sys.path[0])
 
 _bwd = _cuda.backward
 
@@ -142,6 +142,7 @@ def main():
                     help="also time the portable XLA backward (_xla.backward, the d=256 fallback before "
                          "the d=256 kernel)")
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--window", type=int, default=None, help="sliding_window's width (default S / 16)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dtype = jnp.bfloat16
@@ -156,7 +157,7 @@ def main():
         k = jax.random.normal(kk, (B, S, H, d), dtype)
         v = jax.random.normal(kv, (B, S, H, d), dtype)
         do = jax.random.normal(kd, (B, S, H, d), dtype)
-        suite = masks.benchmark_suite(S, 0, batch=B)
+        suite = timing_suite(S, B, a.window)
         for name in a.masks:
             m = suite[name]
             bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
@@ -182,6 +183,7 @@ def main():
                 try:
                     t, tmin = timeit(f, q, k, v, bounds, out, lse, do, iters=a.iters)
                     r = dict(impl=tag, S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                             window=a.window if name == "sliding_window" else None,
                              ms=t * 1e3, ms_min=tmin * 1e3, tflops_fm=flops / t / 1e12)
                     if not a.no_check:
                         g = jax.block_until_ready(f(q, k, v, bounds, out, lse, do))

@@ -49,6 +49,16 @@ def json_rows(path):
     return rows, emit
 
 
+def timing_suite(S: int, B: int, window: int | None = None) -> dict:
+    """The twelve masks at S (`masks.benchmark_suite(S, 0)`, batch B); `window` replaces the
+    sliding window's S / 16 (a fixed window over several S keeps the kept blocks per tile: what
+    grows with S alone then shows). bwd_timing.py too."""
+    suite = masks.benchmark_suite(S, 0, batch=B)
+    if window is not None:
+        suite["sliding_window"] = masks.sliding_window(S, window, batch=B)
+    return suite
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seqs", type=int, nargs="+", default=[8192])
@@ -63,6 +73,7 @@ def main():
     ap.add_argument("--check", action="store_true",
                     help="per mask: whether each variant's O and LSE equal the first variant's bit for bit")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--window", type=int, default=None, help="sliding_window's width (default S / 16)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dtype = jnp.dtype(a.dtype)
@@ -76,7 +87,7 @@ def main():
         q = jax.random.normal(kq, (B, S, H, d), dtype)
         k = jax.random.normal(kk, (B, S, H, d), dtype)
         v = jax.random.normal(kv, (B, S, H, d), dtype)
-        suite = masks.benchmark_suite(S, 0, batch=B)
+        suite = timing_suite(S, B, a.window)
         for name in a.masks:
             m = suite[name]
             bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
@@ -93,7 +104,8 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     print(f"S={S} {name} variant={var}: FAILED {e}", flush=True)
                     continue
-                r = dict(impl=f"flashmask_sm90_v{var}" + (f"_m{a.sm_margin}" if a.sm_margin else ""), S=S, B=B, H=H, d=d, mask=name, rho=rho,
+                r = dict(impl=f"flashmask_sm90_v{var}" + (f"_m{a.sm_margin}" if a.sm_margin else ""), S=S, B=B, H=H, d=d, mask=name,
+                         window=a.window if name == "sliding_window" else None, rho=rho,
                          visible=vis, ms=t * 1e3, tflops_fm=flops_fm / t / 1e12,
                          tflops_exact=flops_exact / t / 1e12)
                 if a.check:

@@ -402,3 +402,20 @@ def test_variant_ab_renders_module_labels(tmp_path):
     assert "| 505.0 | 500.0 / 510.0 | +0.0% |" in a[0] and "| 555.0 | 550.0 / 560.0 | +9.9% |" in b[0]
     with pytest.raises(SystemExit):
         vab.load_runs([str(paths[0])], ["a", "b"])
+
+
+def test_timing_suite_window():
+    """kernel_timing.py / bwd_timing.py --window: the sliding window's width replaced, the other
+    masks the benchmark suite's."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("kernel_timing", ROOT / "benchmarks" / "kernel_timing.py")
+    kt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kt)
+    default, fixed = kt.timing_suite(4096, 1), kt.timing_suite(4096, 1, 1000)
+    assert int(np.asarray(default["sliding_window"].startend_row_indices)[0, 0, 0, 0]) == 4096 // 16 + 1
+    assert int(np.asarray(fixed["sliding_window"].startend_row_indices)[0, 0, 0, 0]) == 1001
+    assert fixed.keys() == default.keys() and fixed["causal_document"] is not default["causal_document"]
+    np.testing.assert_array_equal(np.asarray(fixed["document"].startend_row_indices),
+                                  np.asarray(default["document"].startend_row_indices))
