@@ -419,3 +419,23 @@ def test_timing_suite_window():
     assert fixed.keys() == default.keys() and fixed["causal_document"] is not default["causal_document"]
     np.testing.assert_array_equal(np.asarray(fixed["document"].startend_row_indices),
                                   np.asarray(default["document"].startend_row_indices))
+
+
+def test_fixed_cost_of_the_32k_protocol():
+    """fixed_cost.py on session 18's 32K protocol file: the full mask has no fixed cost by
+    construction, and the figures benchmarks/NOTES.md (session 19) quotes come out (forward
+    sliding_window F = 4.66 us per query tile, backward 6.91 us per CTA, 6.0 % passes)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("fixed_cost", ROOT / "benchmarks" / "fixed_cost.py")
+    fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fc)
+    doc = json.loads((ROOT / "benchmarks" / "results" / "h200_2026-12-03s18_fwdbwd_32k.json").read_text())
+    rows = {(r["direction"], r["mask"]): r for r in fc.fixed_costs(doc, {"fwd": 0.35, "bwd": 0.17}, 1.4)}
+    assert abs(rows[("fwd", "full")]["F_us"]) < 1e-9 and abs(rows[("bwd", "full")]["F_us"]) < 1e-9
+    assert rows[("fwd", "full")]["kept_per_item"] == 256 and rows[("fwd", "full")]["partial_per_item"] == 0
+    sw_f, sw_b = rows[("fwd", "sliding_window")], rows[("bwd", "sliding_window")]
+    assert abs(sw_f["F_us"] - 4.66) < 0.01 and abs(sw_f["kept_per_item"] - 16.47) < 0.01
+    assert abs(sw_b["F_us"] - 6.91) < 0.01 and abs(sw_b["passes_share"] - 0.060) < 0.001
