@@ -9,8 +9,8 @@ extra cost, is the item's fixed cost F:
   the prep / convert passes (`--passes-ms` per call) come off every mask's time and the full
   mask's first.
 
-Kept / partial tiles come from SPEC section 3's block test on the protocol's own masks
-(`bench_attention.mask_suite`, same seed). Every protocol point has 32,768 items per call (B * H *
+Kept / partial tiles come from SPEC section 3's block test (`bwd_mask_model.classify`, the kernels'
+rule) on the protocol's own masks (`bench_attention.mask_suite`, same seed). Every protocol point has 32,768 items per call (B * H *
 S / 128 at 128K tokens), so time per item per SM = ms * 132 / items. benchmarks/NOTES.md (session
 19) tabulates the output for 8K / 32K / 128K.
 
@@ -31,21 +31,10 @@ SMS = 132
 SHAPES = {"fwd": (128, 128), "bwd": (80, 128)}  # (query rows, keys) of a tile
 
 
-def tile_classes(bounds: np.ndarray, q_len: int, rows: int, keys: int) -> tuple[int, int]:
-    """(kept, partial) (query tile, key block) pairs of one mask head, canonical ``[4, Sk]``."""
-    starts = np.arange(0, bounds.shape[-1], keys)
-    lo = [np.minimum.reduceat(bounds[k], starts) for k in range(4)]
-    hi = [np.maximum.reduceat(bounds[k], starts) for k in range(4)]
-    ms = np.arange(0, q_len, rows)[:, None]
-    me = np.minimum(ms + rows, q_len)
-    skip = ((ms >= hi[0]) & (me <= lo[1])) | ((ms >= hi[2]) & (me <= lo[3]))
-    partial = ((ms < hi[1]) & (me > lo[0])) | ((ms < hi[3]) & (me > lo[2]))
-    return int((~skip).sum()), int((~skip & partial).sum())
-
-
 def fixed_costs(doc: dict, partial_us: dict, passes_ms: float) -> list[dict]:
     """Per (S, direction, mask): time per item per SM, kept / partial tiles per item and F (us)."""
     from bench_attention import mask_suite
+    from bwd_mask_model import classify
     from jax_flashmask.masks import canonical_bounds_np
 
     seed = doc["meta"]["args"]["seed"]
@@ -64,7 +53,8 @@ def fixed_costs(doc: dict, partial_us: dict, passes_ms: float) -> list[dict]:
             for name, r in rs.items():
                 sri, causal = suite[name]
                 bounds = canonical_bounds_np(sri, causal=causal, q_len=S)[0, 0]
-                kept, part = tile_classes(bounds, S, rows, keys)
+                skip, part = classify(bounds, S, rows, keys)
+                kept, part = int((~skip).sum()), int(part.sum())
                 heads = r["B"] * r["H"]
                 per_item[name] = ((r[f"{direction}_ms"] - off) * 1e3 * SMS / items,
                                   kept * heads / items, part * heads / items)

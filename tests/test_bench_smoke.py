@@ -371,17 +371,24 @@ def test_gpu_timing_scripts_parse_their_arguments():
         assert proc.returncode == 0 and "usage:" in proc.stdout, (script, proc.stderr[-2000:])
 
 
+def _benchmark_script(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ on sys.path for its sibling imports)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_variant_ab_renders_module_labels(tmp_path):
     """variant_ab.py --render: runs of two builds with the same variant number are told apart by
     module (stored in a gathered file, or --labels per file) and compared per variant; the
     session-18 O-epilogue table comes out of its JSON (main vs oepi, 32K full -2.9 %)."""
     import json
-    import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("variant_ab", ROOT / "benchmarks" / "variant_ab.py")
-    vab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vab)
+    vab = _benchmark_script("variant_ab")
     gathered = ROOT / "benchmarks" / "results" / "h200_2026-12-03s18_fwd_oepi_ab.json"
     text = vab.table_md(vab.load_runs([str(gathered)]))
     row = [ln for ln in text.splitlines() if "| 32768 | 128 | full | 11 | oepi" in ln]
@@ -407,12 +414,8 @@ def test_variant_ab_renders_module_labels(tmp_path):
 def test_timing_suite_window():
     """kernel_timing.py / bwd_timing.py --window: the sliding window's width replaced, the other
     masks the benchmark suite's."""
-    import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("kernel_timing", ROOT / "benchmarks" / "kernel_timing.py")
-    kt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kt)
+    kt = _benchmark_script("kernel_timing")
     default, fixed = kt.timing_suite(4096, 1), kt.timing_suite(4096, 1, 1000)
     assert int(np.asarray(default["sliding_window"].startend_row_indices)[0, 0, 0, 0]) == 4096 // 16 + 1
     assert int(np.asarray(fixed["sliding_window"].startend_row_indices)[0, 0, 0, 0]) == 1001
@@ -426,12 +429,8 @@ def test_fixed_cost_of_the_32k_protocol():
     construction, and the figures benchmarks/NOTES.md (session 19) quotes come out (forward
     sliding_window F = 4.66 us per query tile, backward 6.91 us per CTA, 6.0 % passes)."""
     import json
-    import sys
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("fixed_cost", ROOT / "benchmarks" / "fixed_cost.py")
-    fc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fc)
+    fc = _benchmark_script("fixed_cost")
     doc = json.loads((ROOT / "benchmarks" / "results" / "h200_2026-12-03s18_fwdbwd_32k.json").read_text())
     rows = {(r["direction"], r["mask"]): r for r in fc.fixed_costs(doc, {"fwd": 0.35, "bwd": 0.17}, 1.4)}
     assert abs(rows[("fwd", "full")]["F_us"]) < 1e-9 and abs(rows[("bwd", "full")]["F_us"]) < 1e-9
