@@ -608,7 +608,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
         jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
         # block metadata [B, Hm, 8, nblk], then the scheduler area: counter, G, order flag, spare,
         # variant 6's key-block order [nblk], variant 21's key-block orders [B, Hm, nblk], the
-        # look-ahead zeroing's counters [K * B] (bwd_kernel.cuh bwd_zero_unit)
+        # look-ahead zeroing's counters [K * B] (bwd_kernel.cuh bwd_meta_layout; keep in step)
         jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B,), jnp.int32),
         jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )

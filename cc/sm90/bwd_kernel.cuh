@@ -1839,6 +1839,23 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   return a;
 }
 
+// The metadata workspace (int32) in order, as jax_flashmask._cuda sizes it: the block metadata
+// [B, Hm, 8, nblk]; the scheduler area `sched` (4 words: variant 6's item counter, the launch
+// group size G, variant 21's order flag, spare; then variant 6's key-block order [nblk]);
+// variant 21's key-block orders [B, Hm, nblk]; the look-ahead zeroing's counters [K * B]. Each
+// start is also the end a variant needs when it uses nothing after it (the capacity checks).
+struct BwdMetaLayout {
+  int64_t sched, orders, zero_count, end;
+};
+inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
+  BwdMetaLayout l;
+  l.sched = (int64_t)p.B * p.Hm * 8 * nblk;
+  l.orders = l.sched + 4 + nblk;
+  l.zero_count = l.orders + (int64_t)p.B * p.Hm * nblk;
+  l.end = l.zero_count + (int64_t)p.K * p.B;
+  return l;
+}
+
 template <class T>
 cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
   using Elem = typename T::Elem;
@@ -1858,11 +1875,10 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
     return cudaErrorInvalidValue;
   }
-  // variant 6: the scheduler area (counter + key-block order) follows the block metadata
-  const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
   const int64_t items_total = (int64_t)nblk * p.K * p.B;
-  if constexpr (T::kPersist) {
-    if (p.meta_capacity < meta_elems + 4 + nblk) {
+  if constexpr (T::kPersist) {  // the scheduler area with its key-block order
+    if (p.meta_capacity < ml.orders) {
       if (err) *err = "flashmask sm90 backward: metadata workspace too small for variant 6";
       return cudaErrorInvalidValue;
     }
@@ -1878,9 +1894,8 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
   const size_t smem = sizeof(typename T::SharedStorage);
 
-  // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters follow
-  // variant 21's orders in the metadata workspace (without room for them: the prep kernel zeroes
-  // everything). Unit 0 is zeroed here: one pair, or in deterministic launch groups the largest G
+  // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters end the
+  // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is zeroed here: one pair, or in deterministic launch groups the largest G
   // the launch can take (JFM_BWD_DET_GROUP, else at most kDetGroupPairs). JFM_BWD_ZERO_AHEAD=0
   // turns it off (A/B timing; read once per process).
   static const bool env_zero_ahead = [] {
@@ -1888,9 +1903,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     return !(s && std::atoi(s) == 0);
   }();
   const int pairs = p.K * p.B;
-  const int64_t count_off = meta_elems + 4 + nblk + (int64_t)p.B * p.Hm * nblk;
-  const bool zero_ahead = !T::kPersist && p.dq_mode == 1 && env_zero_ahead &&
-                          p.meta_capacity >= count_off + pairs;
+  const bool zero_ahead = !T::kPersist && p.dq_mode == 1 && env_zero_ahead && p.meta_capacity >= ml.end;
   // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
   // (timing experiments; read once per process)
   static const int env_group = [] {
@@ -1908,7 +1921,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   if (e != cudaSuccess) return e;
   int* zero_count = nullptr;
   if (zero_ahead) {
-    zero_count = p.meta + count_off;
+    zero_count = p.meta + ml.zero_count;
     e = cudaMemsetAsync(zero_count, 0, sizeof(int) * (size_t)pairs, stream);
     if (e != cudaSuccess) return e;
   }
@@ -1940,13 +1953,13 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
         const bool perm = T::Bm == 80 && p.variant == 21;
         if (env_group <= 0 || perm) {
           // variant 17: G from the block metadata, on the device (sched[1]; same stream, no sync)
-          if (p.meta_capacity < meta_elems + 4 + (perm ? nblk + (int64_t)p.B * p.Hm * nblk : 0)) {
+          if (p.meta_capacity < (perm ? ml.zero_count : ml.sched + 4)) {
             if (err) *err = "flashmask sm90 backward: metadata workspace too small for variants 17 / 19 / 21";
             return cudaErrorInvalidValue;
           }
           if (env_group <= 0) a.det_group = 0;
           a.det_perm = perm ? 1 : 0;
-          a.sched = p.meta + meta_elems;
+          a.sched = p.meta + ml.sched;
           if constexpr (T::Bm == 80)  // variants 19 / 21: 80-row tiles, their own rule
             e = bwd_det_group80_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
                                      kDetGroupPairs, perm, stream);
@@ -1964,7 +1977,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     const int64_t head_bytes = (int64_t)a.heads_per_kv * p.Sq * D * 2 * (int64_t)sizeof(Elem);
     const int64_t heads = (int64_t)p.B * p.K;
     a.sec_heads = (int)std::max<int64_t>(1, std::min<int64_t>(heads, (24ll << 20) / std::max<int64_t>(head_bytes, 1)));
-    a.sched = p.meta + meta_elems;
+    a.sched = p.meta + ml.sched;
     // zeroes the counter and writes the key-block order (same stream: no host sync)
     e = bwd_sched_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, p.deterministic != 0, stream);
     if (e != cudaSuccess) return e;
