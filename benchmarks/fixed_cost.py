@@ -14,6 +14,12 @@ rule) on the protocol's own masks (`bench_attention.mask_suite`, same seed). Eve
 S / 128 at 128K tokens), so time per item per SM = ms * 132 / items. benchmarks/NOTES.md (session
 19) tabulates the output for 8K / 32K / 128K.
 
+Read F as "what the kept tiles at the full mask's rate do not explain", not as a per-item constant:
+the full mask runs at a lower clock than the sparse ones at the power cap and its rate includes
+its own per-item cost, so F absorbs both. Session 19's F grew with S because the protocol's
+sliding window grows as S / 16; with the window fixed the masked rate is flat over S (session 20,
+`results/h200_2026-12-03s20_fixed_window_2048.json`).
+
     python benchmarks/fixed_cost.py benchmarks/results/h200_2026-12-03s18_fwdbwd_32k.json
 """
 from __future__ import annotations

@@ -438,3 +438,29 @@ def test_fixed_cost_of_the_32k_protocol():
     sw_f, sw_b = rows[("fwd", "sliding_window")], rows[("bwd", "sliding_window")]
     assert abs(sw_f["F_us"] - 4.66) < 0.01 and abs(sw_f["kept_per_item"] - 16.47) < 0.01
     assert abs(sw_b["F_us"] - 6.91) < 0.01 and abs(sw_b["passes_share"] - 0.060) < 0.001
+
+
+def test_ncu_sass_split_of_the_32k_forward(tmp_path):
+    """ncu_sass_split.py on session 20's ncu export of the 32K sliding_window forward: the
+    mainloop's class (516 instructions run 1,013,760 times, 56.1 % of the samples) and the
+    per-tile epilogue region come out as benchmarks/NOTES.md (session 20) quotes them; and a tiny
+    hand-made export checks the grouping itself (a run ends where the count changes)."""
+    ns = _benchmark_script("ncu_sass_split")
+    s = ns.split(*ns.load(str(ROOT / "benchmarks" / "results" / "ncu_2026-12-03s20_fwd11_sw32k_sass.csv.gz")))
+    assert s["total"] == 199242
+    samples, n = s["classes"][1013760]
+    assert n == 516 and abs(samples / s["total"] - 0.561) < 0.001
+    epi = [r for r in s["runs"] if r["count"] == 65536 and r["ops"]["STG.E.128"] > 0]
+    assert [(r["first"], r["last"], r["ops"]["SHFL.BFLY"]) for r in epi] == [(2758, 2985, 16), (2987, 3106, 16)]
+
+    head = ["Address", "Source", ns.SAMPLES, ns.EXECUTED, "stall_wait", "stall_wait (Not Issued)"]
+    rows = [["0x0", "  FADD R1, R2, R3", "3", "10", "2", "2"],
+            ["0x10", "@P0 BRA 0x0", "1", "10", "1", "1"],
+            ["0x20", "  EXIT", "4", "2", "0", "0"]]
+    path = tmp_path / "k_sass.csv"
+    path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in [["Kernel Name", "k"], head, *rows]))
+    t = ns.split(*ns.load(str(path)))
+    assert t["total"] == 8 and t["classes"] == {10: [4, 2], 2: [4, 1]}
+    assert [(r["first"], r["last"], r["samples"]) for r in t["runs"]] == [(0, 1, 4), (2, 2, 4)]
+    assert t["runs"][0]["ops"] == {"FADD": 1, "BRA": 1} and t["runs"][0]["stalls"]["wait"] == 3
+    assert "| 0-1 | 10 | 50.00 % |" in ns.report(t, 0.0, 5)
