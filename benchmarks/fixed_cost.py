@@ -10,9 +10,9 @@ extra cost, is the item's fixed cost F:
   mask's first.
 
 Kept / partial tiles come from SPEC section 3's block test (`bwd_mask_model.classify`, the kernels'
-rule) on the protocol's own masks (`bench_attention.mask_suite`, same seed). Every protocol point has 32,768 items per call (B * H *
-S / 128 at 128K tokens), so time per item per SM = ms * 132 / items. benchmarks/NOTES.md (session
-19) tabulates the output for 8K / 32K / 128K.
+rule) on the protocol's own masks (`bench_attention.mask_suite`, same seed). Every protocol point
+has 32,768 items per call (B * H * S / 128 at 128K tokens), so time per item per SM = ms * 132 /
+items. benchmarks/NOTES.md (session 19) tabulates the output for 8K / 32K / 128K.
 
 Read F as "what the kept tiles at the full mask's rate do not explain", not as a per-item constant:
 the full mask runs at a lower clock than the sparse ones at the power cap and its rate includes

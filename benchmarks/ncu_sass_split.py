@@ -23,7 +23,6 @@ import argparse
 import collections
 import csv
 import gzip
-import io
 import sys
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -32,9 +31,8 @@ EXECUTED = "Instructions Executed"
 
 def load(path: str) -> tuple[list[str], list[list[str]]]:
     """Header and instruction rows of an ncu source CSV (the first line names the kernel)."""
-    raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
-    with raw:
-        rows = list(csv.reader(io.StringIO(raw.read())))
+    with (gzip.open(path, "rt", newline="") if path.endswith(".gz") else open(path, newline="")) as fh:
+        rows = list(csv.reader(fh))
     start = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
     return rows[start], [r for r in rows[start + 1:] if len(r) == len(rows[start])]
 

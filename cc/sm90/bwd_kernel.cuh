@@ -1895,9 +1895,10 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   const size_t smem = sizeof(typename T::SharedStorage);
 
   // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters end the
-  // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is zeroed here: one pair, or in deterministic launch groups the largest G
-  // the launch can take (JFM_BWD_DET_GROUP, else at most kDetGroupPairs). JFM_BWD_ZERO_AHEAD=0
-  // turns it off (A/B timing; read once per process).
+  // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is
+  // zeroed here: one pair, or in deterministic launch groups the largest G the launch can take
+  // (JFM_BWD_DET_GROUP, else at most kDetGroupPairs). JFM_BWD_ZERO_AHEAD=0 turns it off (A/B
+  // timing; read once per process).
   static const bool env_zero_ahead = [] {
     const char* s = std::getenv("JFM_BWD_ZERO_AHEAD");
     return !(s && std::atoi(s) == 0);
