@@ -330,6 +330,15 @@ def _bwd_block_n(head_dim: int) -> int:
     return 64 if int(head_dim) == 256 else 128
 
 
+def _bwd_meta_words(B: int, Hm: int, K: int, nblk: int) -> int:
+    """int32 words of the backward's metadata workspace, in bwd_kernel.cuh's bwd_meta_layout order:
+    the block metadata [B, Hm, 8, nblk]; the scheduler area (counter, G, order flag, spare, then
+    variant 6's key-block order [nblk]); variant 21's key-block orders [B, Hm, nblk]; the
+    look-ahead zeroing's counters [K * B]. tests/test_bwd_prep_layout.py evaluates the C++ layout
+    against this."""
+    return B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B
+
+
 def _bwd_compiled_configs():
     mod, _ = _load()
     cfg = getattr(mod, "backward_configs", None) if mod is not None else None
@@ -606,10 +615,7 @@ def _backward_kernel(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float
         jax.ShapeDtypeStruct(v.shape, v.dtype),
         jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
         jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
-        # block metadata [B, Hm, 8, nblk], then the scheduler area: counter, G, order flag, spare,
-        # variant 6's key-block order [nblk], variant 21's key-block orders [B, Hm, nblk], the
-        # look-ahead zeroing's counters [K * B] (bwd_kernel.cuh bwd_meta_layout; keep in step)
-        jax.ShapeDtypeStruct((B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B,), jnp.int32),
+        jax.ShapeDtypeStruct((_bwd_meta_words(B, Hm, K, nblk),), jnp.int32),  # metadata
         jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")

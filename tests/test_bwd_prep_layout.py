@@ -265,3 +265,27 @@ def test_sources_match_the_model():
     assert ("float* dst = s + 2 * (lane % 4) * kRows80Pad + (warp / 4) * 64 + (warp % 4) * 16 + "
             "lane / 4;") in AUX
     assert "float* d = dst + (u % 10) * 8 * kRows80Pad + (u / 10) * 8;" in AUX
+
+
+def _meta_layout_from_source() -> dict:
+    """bwd_kernel.cuh's bwd_meta_layout body, evaluated by transcription: every `l.x = expr;`
+    with p.B / p.Hm / p.K / nblk / earlier l.* fields as Python names."""
+    body = re.search(r"inline BwdMetaLayout bwd_meta_layout\(const BwdParams& p, int nblk\) \{"
+                     r"(.*?)\n\}", KERNEL, re.S).group(1)
+    fields = re.findall(r"\bl\.(\w+) = ([^;]+);", body)
+    assert [f for f, _ in fields] == ["sched", "orders", "zero_count", "end"], fields
+    return {f: re.sub(r"\(int64_t\)", "", e).replace("p.", "p_").replace("l.", "l_")
+            for f, e in fields}
+
+
+@pytest.mark.parametrize("B,Hm,K,nblk", [(1, 1, 1, 1), (2, 8, 4, 65), (3, 1, 2, 7), (1, 32, 8, 1024)])
+def test_meta_workspace_size_matches_bwd_meta_layout(B, Hm, K, nblk):
+    """The metadata workspace jax_flashmask._cuda allocates ends exactly where the C++ layout's
+    last field (the look-ahead zeroing's counters) ends: one size, written in two languages."""
+    from jax_flashmask._cuda import _bwd_meta_words
+
+    env = {"p_B": B, "p_Hm": Hm, "p_K": K, "nblk": nblk}
+    for field, expr in _meta_layout_from_source().items():
+        env["l_" + field] = eval(expr, {}, dict(env))  # noqa: S307 (transcribed source)
+    assert env["l_sched"] == B * Hm * 8 * nblk  # the block metadata comes first
+    assert _bwd_meta_words(B, Hm, K, nblk) == env["l_end"]
