@@ -3,17 +3,21 @@
 Usage (any machine): python benchmarks/bwd_ab_table.py --a A1.json A2.json --b B1.json B2.json
     --labels "zero-ahead off" "zero-ahead on" --title "..." --json out.json --md out.md
 Each row lists every round's median ms per setting and the gain of B over A (mean of the rounds).
+With --impls A_IMPL B_IMPL the rows pair A_IMPL's timings in the A files with B_IMPL's in the B
+files (two kernels of one process: pass the same files as --a and --b).
 """
 import argparse
 import json
 
 
-def _rows(paths):
-    """(impl, S, mask) -> [ms of each file, in order]."""
+def _rows(paths, impl=None):
+    """(impl, S, mask) -> [ms of each file, in order]; with `impl`, only its rows, keyed as
+    (impl of the A side, S, mask) by the caller's rename."""
     out = {}
     for p in paths:
         for r in json.load(open(p))["rows"]:
-            out.setdefault((r["impl"], r["S"], r["mask"]), []).append(r["ms"])
+            if impl is None or r["impl"] == impl:
+                out.setdefault((r["impl"], r["S"], r["mask"]), []).append(r["ms"])
     return out
 
 
@@ -25,8 +29,12 @@ def main():
     ap.add_argument("--title", default="Backward A/B")
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--impls", nargs=2, metavar=("A_IMPL", "B_IMPL"))
     args = ap.parse_args()
-    a, b = _rows(args.a), _rows(args.b)
+    ia, ib = args.impls or (None, None)
+    a, b = _rows(args.a, ia), _rows(args.b, ib)
+    if args.impls:  # pair B_IMPL's rows with A_IMPL's
+        b = {(ia, S, m): v for (_, S, m), v in b.items()}
     table = []
     for key in a:
         if key not in b:
