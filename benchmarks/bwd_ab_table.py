@@ -11,8 +11,7 @@ import json
 
 
 def _rows(paths, impl=None):
-    """(impl, S, mask) -> [ms of each file, in order]; with `impl`, only its rows, keyed as
-    (impl of the A side, S, mask) by the caller's rename."""
+    """(impl, S, mask) -> [ms of each file, in order]; with `impl`, that impl's rows only."""
     out = {}
     for p in paths:
         for r in json.load(open(p))["rows"]:
