@@ -464,3 +464,20 @@ def test_ncu_sass_split_of_the_32k_forward(tmp_path):
     assert [(r["first"], r["last"], r["samples"]) for r in t["runs"]] == [(0, 1, 4), (2, 2, 4)]
     assert t["runs"][0]["ops"] == {"FADD": 1, "BRA": 1} and t["runs"][0]["stalls"]["wait"] == 3
     assert "| 0-1 | 10 | 50.00 % |" in ns.report(t, 0.0, 5)
+
+
+def test_bwd_ab_table_pairs_two_kernels_of_one_file(tmp_path, monkeypatch, capsys):
+    """bwd_ab_table.py --impls: B_IMPL's rows are compared with A_IMPL's of the same (S, mask)."""
+    spec = importlib.util.spec_from_file_location("bwd_ab_table", ROOT / "benchmarks" / "bwd_ab_table.py")
+    tab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tab)
+    rows = [dict(impl=i, S=8192, mask=m, ms=ms) for i, m, ms in
+            [("v16", "full", 10.0), ("v23", "full", 8.0), ("v16", "causal", 5.0), ("v23", "causal", 5.0)]]
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"rows": rows}))
+    out = tmp_path / "ab.json"
+    monkeypatch.setattr("sys.argv", ["x", "--a", str(f), "--b", str(f), "--impls", "v16", "v23",
+                                     "--json", str(out)])
+    tab.main()
+    got = {r["mask"]: r["gain_pct"] for r in json.loads(out.read_text())["rows"]}
+    assert got == pytest.approx({"full": 25.0, "causal": 0.0})
