@@ -466,11 +466,9 @@ def test_ncu_sass_split_of_the_32k_forward(tmp_path):
     assert "| 0-1 | 10 | 50.00 % |" in ns.report(t, 0.0, 5)
 
 
-def test_bwd_ab_table_pairs_two_kernels_of_one_file(tmp_path, monkeypatch, capsys):
+def test_bwd_ab_table_pairs_two_kernels_of_one_file(tmp_path, monkeypatch):
     """bwd_ab_table.py --impls: B_IMPL's rows are compared with A_IMPL's of the same (S, mask)."""
-    spec = importlib.util.spec_from_file_location("bwd_ab_table", ROOT / "benchmarks" / "bwd_ab_table.py")
-    tab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tab)
+    tab = _benchmark_script("bwd_ab_table")
     rows = [dict(impl=i, S=8192, mask=m, ms=ms) for i, m, ms in
             [("v16", "full", 10.0), ("v23", "full", 8.0), ("v16", "causal", 5.0), ("v23", "causal", 5.0)]]
     f = tmp_path / "r.json"
