@@ -479,3 +479,25 @@ def test_bwd_ab_table_pairs_two_kernels_of_one_file(tmp_path, monkeypatch):
     tab.main()
     got = {r["mask"]: r["gain_pct"] for r in json.loads(out.read_text())["rows"]}
     assert got == pytest.approx({"full": 25.0, "causal": 0.0})
+
+
+def test_ncu_metrics_reads_session_22s_reports(tmp_path, monkeypatch):
+    """ncu_metrics.py on session 22's two reports of the full-mask backward: the first kernel's
+    metrics in fixed units (Tbyte -> GB, s -> ms), one row per run, and the markdown table."""
+    nm = _benchmark_script("ncu_metrics")
+    res = ROOT / "benchmarks" / "results"
+    big = nm.read((res / "h200_2026-12-03s22_ncu_bwd_full_131072.txt").read_text())
+    assert big["dram__bytes_read.sum"] == pytest.approx((1300.0, "GB"))
+    assert big["gpu__time_duration.sum"] == pytest.approx((1360.0, "ms"))
+    assert big["lts__t_sector_hit_rate.pct"] == pytest.approx((69.89, "%"))
+    small = nm.read((res / "h200_2026-12-03s22_ncu_bwd_full_32768.txt").read_text())
+    assert small["dram__bytes_write.sum"] == pytest.approx((11.35, "GB"))
+    assert small["sm__cycles_elapsed.avg.per_second"] == pytest.approx((1.58, "GHz"))
+    md = tmp_path / "t.md"
+    monkeypatch.setattr("sys.argv", ["ncu_metrics.py", "--runs",
+                                     f"128K (B=1)={res / 'h200_2026-12-03s22_ncu_bwd_full_131072.txt'}",
+                                     f"32K={res / 'h200_2026-12-03s22_ncu_bwd_full_32768.txt'}",
+                                     "--md", str(md), "--json", str(tmp_path / "t.json")])
+    assert nm.main() == 0
+    rows = md.read_text().splitlines()
+    assert rows[-2].startswith("| 128K (B=1) | 1300 | 698.8 | 1360 |") and rows[-1].startswith("| 32K | 16.4 |")
