@@ -15,13 +15,17 @@ CPU only (numpy). benchmarks/NOTES_bwd_partial.md explains the numbers.
   the old scan, for the benchmark masks and random bounds (ragged Sq, out-of-range values), at the
   kernels' tile shapes (Bm, Bn) = (64, 128) variants 5 / 6, (128, 128) variant 7, (64, 64) d = 256;
   and it catches a dropped third jump and an off-by-one in the range ends.
+* ``rot_walk_check``: the rotated walk of bwd_find_kept_rot (variants 16 / 19 / 21, default mode)
+  visits each kept tile once, in its promised order, at every rotation; bwd_skips_none (which key
+  blocks get the clocked start) agrees with the classification.
 
 * ``mask_check``: variants 10 / 11's element-mask bits (bwd_col_mask: the thread's query columns
   below each bound, bmsk.clamp) equal the per-element test of variants 5 / 7.
 * ``predict``: the model's times on bwd_timing.py's masks with the scan, with the O(1) walk, and
   with the partial path scaled (``--dp-ratio``), from the fitted coefficients (PRESETS).
 
-Usage: python benchmarks/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check] [--mask-check]
+Usage: python benchmarks/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check]
+       [--rot-walk-check] [--mask-check]
        [--predict d128 d64 d64r128 [--dp-ratio R] [--masks ...]]
 """
 
@@ -238,6 +242,99 @@ def walk_check(sizes=(4096, 8192), rand_cases=300, seed=0) -> int:
     return bad
 
 
+# ----------------------------------------------------------------------------- rotated walk
+
+
+def rotated_walk(meta_rows, Sq: int, Bm: int, mblk: int, r: int, bound_off: int = 0,
+                 wrap: bool = True) -> list:
+    """The (head g, tile m) sequence of bwd_find_kept_rot (variants 16 / 19 / 21 in the default
+    mode) for one key block whose heads g have the metadata rows meta_rows: the plain walk
+    (next_kept over the heads, as bwd_find_kept) from (g, m), kept while it stays in head g's
+    phase (from r up, then from 0 up to r - 1). bound_off / wrap: the mutations the check must
+    catch (phase 2 ending at r + bound_off; no second phase)."""
+    def plain(g, m):  # bwd_find_kept
+        while g < len(meta_rows):
+            t = next_kept(m, meta_rows[g], Sq, Bm, mblk)
+            if t < mblk:
+                return True, g, t
+            g, m = g + 1, 0
+        return False, g, m
+
+    def rot(g, m, wrapped):
+        while True:
+            ok, g1, m1 = plain(g, m)
+            if ok and g1 == g and (not wrapped or m1 < r + bound_off):
+                return True, g, m1, wrapped
+            if not wrapped and wrap:
+                wrapped, m = True, 0
+                continue
+            g += 1
+            if g >= len(meta_rows):
+                return False, g, m, wrapped
+            wrapped, m = False, r
+
+    out = []
+    ok, g, m, w = rot(0, r, False)
+    while ok and len(out) <= 2 * mblk * len(meta_rows):
+        out.append((g, m))
+        ok, g, m, w = rot(g, m + 1, w)
+    return out
+
+
+def skips_none(meta_row, Sq: int, Bm: int, mblk: int, strict: bool = False) -> bool:
+    """bwd_skips_none: the key block skips no query tile (both skip ranges empty); the clocked
+    walk start applies to such key blocks only. strict: the mutation the check must catch."""
+    lts_mx, lte_mn, uts_mx, ute_mn = (int(meta_row[i]) for i in (1, 2, 5, 6))
+    s1, e1 = skip_range(lts_mx, lte_mn, Sq, Bm, mblk)
+    s2, e2 = skip_range(uts_mx, ute_mn, Sq, Bm, mblk)
+    return (e1 < s1 and e2 < s2) if strict else (e1 <= s1 and e2 <= s2)
+
+
+def rot_walk_check(sizes=(2048,), rand_cases=60, seed=0) -> int:
+    """Every key block's rotated walk at every rotation r < mblk visits each kept tile of each head
+    once, head by head, tiles >= r ascending then tiles < r ascending (the order bwd_find_kept_rot
+    promises), at Bm = 80, for the benchmark masks (one head) and random bounds (three heads, as a
+    GQA group with a mask head per query head). 0 mismatching walks expected; the mutated walks
+    (phase 2 up to r inclusive, no phase 2) must mismatch."""
+    rng = np.random.default_rng(seed)
+    Bm = 80
+    cases = [([b], S) for S in sizes for b in suite_bounds(S).values()]
+    for _ in range(rand_cases):
+        b, Sq = _random_bounds(rng)
+        # two more heads on the same keys: its columns shuffled, its bounds shifted
+        cases.append(([b, b[:, rng.permutation(b.shape[1])], b + rng.integers(-60, 60, b.shape)], Sq))
+
+    def run(**mut) -> int:
+        bad = 0
+        for heads, Sq in cases:
+            skips = [classify(b, Sq, Bm, BN)[0] for b in heads]
+            metas = [key_block_meta(b, BN) for b in heads]
+            mblk = skips[0].shape[1]
+            for n in range(skips[0].shape[0]):
+                for r in sorted({0, 1, n % mblk, mblk // 2, mblk - 1}):
+                    kept = [np.flatnonzero(~sk[n]) for sk in skips]
+                    want = [(g, int(m)) for g, k in enumerate(kept)
+                            for m in np.concatenate([k[k >= r], k[k < r]])]
+                    got = rotated_walk([mt[n] for mt in metas], Sq, Bm, mblk, r, **mut)
+                    bad += got != want
+        return bad
+
+    def run_none(strict=False) -> int:  # bwd_skips_none against the classification
+        bad = 0
+        for heads, Sq in cases:
+            skip = classify(heads[0], Sq, Bm, BN)[0]
+            for n, row in enumerate(key_block_meta(heads[0], BN)):
+                bad += skips_none(row, Sq, Bm, skip.shape[1], strict) != (not skip[n].any())
+        return bad
+
+    bad, bad_none = run(), run_none()
+    caught = {"phase 2 up to r": run(bound_off=1), "no phase 2": run(wrap=False),
+              "skips_none strict": run_none(strict=True)}
+    print(f"rotated walk: {len(cases)} cases, {bad} mismatching walks, {bad_none} wrong "
+          "skips_none; mutations caught: " + ", ".join(f"{k} {v}" for k, v in caught.items()))
+    return bad + bad_none + (0 if all(caught.values()) else 1)
+
+
 # ----------------------------------------------------------------------------- element mask bits
 
 
@@ -372,6 +469,8 @@ def main() -> int:
     ap.add_argument("--fit", nargs="*", default=[])
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--walk-check", action="store_true")
+    ap.add_argument("--rot-walk-check", action="store_true",
+                    help="the rotated walk (variants 16 / 19 / 21) against the kept tiles")
     ap.add_argument("--mask-check", action="store_true",
                     help="variants 10 / 11's element-mask bits against the per-element test")
     ap.add_argument("--predict", nargs="*", default=[], choices=sorted(PRESETS),
@@ -394,6 +493,8 @@ def main() -> int:
     bad = 0
     if a.walk_check:
         bad += walk_check()
+    if a.rot_walk_check:
+        bad += rot_walk_check()
     if a.mask_check:
         bad += mask_check()
     return 1 if bad else 0

@@ -272,6 +272,17 @@ def test_bwd_walk_check():
     assert model.walk_check(sizes=(2048,), rand_cases=90) == 0
 
 
+def test_bwd_rot_walk_check():
+    """benchmarks/bwd_mask_model.py --rot-walk-check: the rotated walk of bwd_find_kept_rot
+    (variants 16 / 19 / 21, default mode) visits each kept tile of each head once, tiles >= r then
+    tiles < r, at several rotations r per key block (benchmark masks; random three-head groups);
+    and the check catches a phase 2 that runs up to r and a missing phase 2."""
+    spec = importlib.util.spec_from_file_location("bwd_mask_model", ROOT / "benchmarks" / "bwd_mask_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.rot_walk_check() == 0
+
+
 def test_bwd_mask_bits_check():
     """benchmarks/bwd_mask_model.py --mask-check: variants 10 / 11's element-mask bits (the thread's
     query columns below each bound, bmsk.clamp) equal variant 5 / 7's per-element test, for

@@ -158,6 +158,7 @@ struct BwdTraits {
     alignas(8) uint64_t kv_full;       // K + V landed
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
     Extra x;
+    int walk_start;                    // variants 16 / 19 / 21: the walk's first tile (thread 0)
   };
 };
 
@@ -337,6 +338,14 @@ struct BwdArgs {
   // Look-ahead zeroing of dq_accum (bwd_zero_ahead below; nullptr = the prep kernel zeroes all of
   // it): one counter per launch unit, zeroed before the launch.
   int* zero_count;
+  // Variants 16 / 19 / 21, default mode: clocked walk starts (bwd_find_kept_rot), key block n from
+  // tile r = (*walk_clock / walk_sms + n) mod mblk, walk_clock counting the tiles issued by all CTAs
+  // so far (its start value is arbitrary). 1 = on key blocks that skip no query tile (in the kv
+  // group's first head), 2 = on every key block (forced: tests), 0 = ascending (every other
+  // kernel, deterministic mode).
+  int walk_clocked;
+  uint32_t* walk_clock;
+  int walk_sms;
 };
 
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
@@ -457,6 +466,50 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
     return true;
   }
   return false;
+}
+
+// The rotated walk (variants 16 / 19 / 21 in the default mode, BwdArgs::walk_clocked): each
+// head's kept tiles from tile r up, then from 0 up to r - 1 (`wrapped`: the head's walk has passed
+// its last tile); r = 0 is bwd_find_kept's order. Why: at 128K full (H = 32) the resident CTAs'
+// Q / dO / dQ stream misses L2 (2 TB of DRAM traffic per kernel against 28 GB at 32K for a quarter
+// of the work; with H = 4, 18 GB): CTAs start when their SM's previous one ends, so after many
+// waves their walks are out of phase and the tiles in use span the whole head (131 MB against
+// the 50 MB L2). The clocked start r = (tiles issued so far / SMs + n) mod mblk lets a CTA join
+// where the running ones are (the clock advances one tile per SM-tile), one tile after its
+// predecessor key block: 2 TB -> 68 GB and +8 % at 128K full (benchmarks/NOTES.md sessions 22-23).
+// Only for key blocks that skip nothing: masked columns' walks differ in length, so the clock is
+// no phase for them, and ascending they ran 1.7 % faster (128K causal / prefix-LM / sliding
+// window). A start on a skipped tile jumps as in bwd_find_kept.
+// Key block n skips no query tile of the kv group's first head (both skip ranges of
+// bwd_find_kept empty).
+template <int Bm, int Bn>
+__device__ __forceinline__ bool bwd_skips_none(const BwdArgs& a, int b, int hk, int n) {
+  const int hm = hk * a.heads_per_kv / a.heads_per_mask;
+  const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
+  int s1, e1, s2, e2;
+  bwd_skip_range<Bm>(__ldg(mt + 1 * a.nblk), __ldg(mt + 2 * a.nblk), a.Sq, a.mblk, s1, e1);
+  bwd_skip_range<Bm>(__ldg(mt + 5 * a.nblk), __ldg(mt + 6 * a.nblk), a.Sq, a.mblk, s2, e2);
+  return e1 <= s1 && e2 <= s2;
+}
+
+template <int Bm, int Bn>
+__device__ __forceinline__ bool bwd_find_kept_rot(const BwdArgs& a, int b, int hk, int n, int r,
+                                                  int& g, int& m, bool& wrapped, bool& partial) {
+  while (true) {
+    int g1 = g, m1 = m;  // the plain walk from (g, m), kept if it stays in this head's phase
+    if (bwd_find_kept<Bm, Bn>(a, b, hk, n, g1, m1, partial) && g1 == g && (!wrapped || m1 < r)) {
+      m = m1;
+      return true;
+    }
+    if (!wrapped) {  // head g from its first tile up to r
+      wrapped = true;
+      m = 0;
+      continue;
+    }
+    if (++g >= a.heads_per_kv) return false;
+    wrapped = false;
+    m = r;
+  }
 }
 
 // Bits [pos, pos + width) of a 32-bit word (bmsk.clamp: 0 for width 0 or pos >= 32; a range
@@ -802,7 +855,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int tid = threadIdx.x;
   const int lane = tid % 32;
 
+  constexpr bool kRot = T::kLockstep && Bm == 80;
   if (tid == 0) {
+    if constexpr (kRot) {
+      // the walk's first tile, one value for the TMA lane and the dQ writer (bwd_find_kept_rot)
+      ss.walk_start = 0;
+      if (a.walk_clocked == 2 || (a.walk_clocked == 1 && bwd_skips_none<Bm, Bn>(a, b, hk, n))) {
+        const uint32_t r = ld_acquire_gpu(a.walk_clock) / (uint32_t)a.walk_sms;
+        ss.walk_start = (int)((r + (uint32_t)n) % (uint32_t)a.mblk);
+      }
+    }
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
       Barrier::init(&ss.empty[s], kConsumers);
@@ -828,6 +890,25 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   int g = 0, m = 0;
   bool partial = false;
   bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  // The walk of the TMA lane and the dQ writer (the lock-step consumers read it from the TMA lane,
+  // the others walk with bwd_find_kept): in variants 16 / 19 / 21 (80-row tiles) rotated by `rot`
+  // (ss.walk_start), restarted by each of the two (the consumers only need `have`, the same
+  // either way).
+  int rot = 0;  // set by start_walk
+  bool wrapped = false;
+  auto find_kept = [&](int& g_, int& m_, bool& wrapped_, bool& partial_) {
+    if constexpr (kRot)
+      return bwd_find_kept_rot<Bm, Bn>(a, b, hk, n, rot, g_, m_, wrapped_, partial_);
+    else return bwd_find_kept<Bm, Bn>(a, b, hk, n, g_, m_, partial_);
+  };
+  auto start_walk = [&]() {
+    if constexpr (kRot) rot = ss.walk_start;
+    if (rot > 0) {
+      g = 0;
+      m = rot;
+      have = find_kept(g, m, wrapped, partial);
+    }
+  };
   // Variants 12 / 13: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
   // slot [stage] before its `full` arrive (release; the consumers read it after their `full`
   // wait and before their `empty` arrive), so the consumers run no tile walk of their own. The
@@ -840,6 +921,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int warp = tid / 32;
     if (warp == 0) {
       if (lane == 0 && have) {
+        start_walk();
         Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
         Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
         Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
@@ -865,9 +947,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
           // variants 12 / 13: the next kept tile first, so that this one's slot says if it is the last
           int gn = g, mn = m + 1;
-          bool pn = false, more = false;
+          bool pn = false, more = false, wn = wrapped;
           if constexpr (T::kLockstep) {
-            more = bwd_find_kept<Bm, Bn>(a, b, hk, n, gn, mn, pn);
+            more = find_kept(gn, mn, wn, pn);
             const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
             asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
                              cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
@@ -875,6 +957,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           Barrier::arrive_and_expect_tx(&ss.full[stage],
                                         2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+          if constexpr (kRot) {
+            if (a.walk_clocked) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
+          }
           copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
           copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
           // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
@@ -887,11 +972,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if constexpr (T::kLockstep) {
             g = gn;
             m = mn;
+            wrapped = wn;
             partial = pn;
             have = more;
           } else {
             ++m;
-            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+            have = find_kept(g, m, wrapped, partial);
           }
         }
       }
@@ -905,6 +991,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
         // long before the first dQ tile: the CTAs it waits for were launched before this one)
         if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
+        if (have) start_walk();
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
@@ -938,7 +1025,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           __syncwarp();
           if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
           ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          have = find_kept(g, m, wrapped, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         if constexpr (T::kDetPipe) {
@@ -1836,6 +1923,9 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   a.det_group = 1;
   a.det_perm = 0;
   a.zero_count = nullptr;
+  a.walk_clocked = 0;
+  a.walk_clock = nullptr;
+  a.walk_sms = 1;
   return a;
 }
 
@@ -1854,6 +1944,14 @@ inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
   l.zero_count = l.orders + (int64_t)p.B * p.Hm * nblk;
   l.end = l.zero_count + (int64_t)p.K * p.B;
   return l;
+}
+
+// Attribute `attr` of the current device; `fallback` when the query fails or gives no positive value.
+inline int bwd_device_attr(cudaDeviceAttr attr, int fallback) {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess || v <= 0)
+    return fallback;
+  return v;
 }
 
 template <class T>
@@ -1932,6 +2030,25 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
   a.items_total = (int)std::min<int64_t>(items_total, INT32_MAX);
   a.zero_count = zero_count;
+  // Clocked walk starts (bwd_find_kept_rot): 80-row lock-step kernels in the default mode
+  // (deterministic mode keeps its fixed summation order), where a kv head's Q / dO / dQ stream
+  // exceeds the L2, on key blocks that skip no tile; below that size the ascending walk (its
+  // out-of-phase CTAs still hit, 98 % at 32K full). JFM_BWD_WALK_CLOCK = 0 / 1 / 2 forces a mode
+  // (A/B timing, tests; read once per process).
+  static const int env_walk_clocked = [] {
+    const char* s = std::getenv("JFM_BWD_WALK_CLOCK");
+    return s ? std::min(2, std::max(0, std::atoi(s))) : -1;
+  }();
+  if (T::kLockstep && T::Bm == 80 && !p.deterministic && p.meta_capacity >= ml.sched + 4) {
+    const int64_t head_stream_bytes =
+        (int64_t)a.heads_per_kv * sq_pad * D * (2 * sizeof(Elem) + sizeof(float));
+    const int l2 = bwd_device_attr(cudaDevAttrL2CacheSize, 50 << 20);
+    a.walk_clocked = env_walk_clocked >= 0 ? env_walk_clocked : (head_stream_bytes > l2 ? 1 : 0);
+    if (a.walk_clocked) {
+      a.walk_clock = reinterpret_cast<uint32_t*>(p.meta + ml.sched + 3);  // the spare word
+      a.walk_sms = bwd_device_attr(cudaDevAttrMultiProcessorCount, 132);
+    }
+  }
 
   auto kernel = [&]() {
     if constexpr (T::kPersist)
@@ -1982,10 +2099,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     // zeroes the counter and writes the key-block order (same stream: no host sync)
     e = bwd_sched_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, p.deterministic != 0, stream);
     if (e != cudaSuccess) return e;
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess)
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (sms <= 0) sms = 132;
+    const int sms = bwd_device_attr(cudaDevAttrMultiProcessorCount, 132);
     const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
     grid = dim3((unsigned)std::min<int64_t>(items_total, ctas), 1, 1);
   }

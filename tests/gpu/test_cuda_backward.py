@@ -1688,3 +1688,30 @@ def test_det_order80_large_repeatable():
     _assert_equal(r16[2], rs[0][2], "dv vs 16")
     assert _relerr(np.asarray(rs[0][0].astype(jnp.float32)),
                    np.asarray(r16[0].astype(jnp.float32), np.float64)) < 1e-3
+
+
+# --------------------------------------------------------------------------- walk modes (16 / 19 / 21)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_walk_modes_in_a_subprocess(mode):
+    """Variant 16's reference tests again with the clocked walk starts forced to `mode`
+    (JFM_BWD_WALK_CLOCK, read once per process, hence a subprocess): 1 = on key blocks that skip no
+    tile (the default above the L2 size), 2 = on every key block (rotated walks over skipped and
+    partial tiles). At test sizes the default is the ascending walk (a head's stream fits in L2),
+    so without this the clocked walks would run only in the benchmarks."""
+    import subprocess
+    import sys
+
+    if os.environ.get("JFM_BWD_WALK_CLOCK"):
+        pytest.skip("already inside a forced walk mode")
+    _need(jnp.bfloat16, 128)
+    if 16 not in VARIANTS:
+        pytest.skip("variant 16 not under test")
+    env = dict(os.environ, JFM_BWD_WALK_CLOCK=str(mode), JFM_BWD_TEST_VARIANTS="16")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
+         "rows80_against_reference or mask_families or gqa_mqa or ragged_lengths"],
+        env=env, capture_output=True, text=True, timeout=900)
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and " passed" in proc.stdout, tail
