@@ -21,6 +21,10 @@ sliding window grows as S / 16; with the window fixed the masked rate is flat ov
 `results/h200_2026-12-03s20_fixed_window_2048.json`).
 
     python benchmarks/fixed_cost.py benchmarks/results/h200_2026-12-03s18_fwdbwd_32k.json
+
+``--flex-ratios CONVERT_MS PREP_MS`` prints instead each mask's backward ratio to Flex as measured,
+without the convert pass and without both passes (each taken off our time at zero cost elsewhere):
+what fusing them could give (benchmarks/NOTES.md session 23, at 8K).
 """
 from __future__ import annotations
 
@@ -74,6 +78,22 @@ def fixed_costs(doc: dict, partial_us: dict, passes_ms: float) -> list[dict]:
     return out
 
 
+def flex_ratios(doc: dict, convert_ms: float, prep_ms: float) -> list[dict]:
+    """Per (S, mask) at d = 128: backward ms of ours and Flex, their ratio, and the ratio with our
+    convert pass / convert and prep passes taken off our time."""
+    bwd = {(r["impl"], r["S"], r["mask"]): r["bwd_ms"] for r in doc["results"]
+           if r["d"] == 128 and r.get("bwd_ms")}
+    out = []
+    for (impl, S, mask), ours in sorted(bwd.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        flex = bwd.get(("flex", S, mask))
+        if impl != "ours" or flex is None:
+            continue
+        out.append({"S": S, "mask": mask, "ours_ms": ours, "flex_ms": flex, "ratio": flex / ours,
+                    "ratio_no_convert": flex / (ours - convert_ms),
+                    "ratio_no_passes": flex / (ours - convert_ms - prep_ms)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", nargs="+", help="bench_attention.py result JSON files")
@@ -81,7 +101,17 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-partial-us", type=float, default=0.17, help="extra us per partial backward tile")
     ap.add_argument("--passes-ms", type=float, default=1.4, help="backward prep + convert per call (ms)")
     ap.add_argument("--masks", default="sliding_window,causal_document,share_question")
+    ap.add_argument("--flex-ratios", nargs=2, type=float, metavar=("CONVERT_MS", "PREP_MS"),
+                    help="print backward ratios to Flex without the convert / both passes instead")
     args = ap.parse_args(argv)
+    if args.flex_ratios:
+        for path in args.json:
+            print(f"\n{path}\n{'S':>6s} {'mask':22s} {'ours ms':>8s} {'Flex ms':>8s} {'ratio':>6s} "
+                  f"{'-convert':>8s} {'-both':>6s}")
+            for r in flex_ratios(json.loads(Path(path).read_text()), *args.flex_ratios):
+                print(f"{r['S']:6d} {r['mask']:22s} {r['ours_ms']:8.2f} {r['flex_ms']:8.2f} {r['ratio']:6.3f} "
+                      f"{r['ratio_no_convert']:8.3f} {r['ratio_no_passes']:6.3f}")
+        return 0
     keep = set(args.masks.split(",")) | {"full"}
     for path in args.json:
         rows = fixed_costs(json.loads(Path(path).read_text()),

@@ -451,6 +451,21 @@ def test_fixed_cost_of_the_32k_protocol():
     assert abs(sw_b["F_us"] - 6.91) < 0.01 and abs(sw_b["passes_share"] - 0.060) < 0.001
 
 
+def test_flex_ratios_without_the_passes():
+    """fixed_cost.py --flex-ratios on session 20's 8K protocol: the backward ratios to Flex that
+    benchmarks/NOTES.md (session 23) quotes, as measured and without the convert (0.785 ms) and
+    prep (0.543 ms) passes."""
+    import json
+
+    fc = _benchmark_script("fixed_cost")
+    doc = json.loads((ROOT / "benchmarks" / "results" / "h200_2026-12-03s20_fwdbwd_8k.json").read_text())
+    rows = {r["mask"]: r for r in fc.flex_ratios(doc, 0.785, 0.543)}
+    assert len(rows) == 12
+    sw, pld = rows["sliding_window"], rows["prefix_lm_document"]
+    assert (round(sw["ratio"], 3), round(sw["ratio_no_convert"], 3), round(sw["ratio_no_passes"], 3)) == (1.190, 1.289, 1.368)
+    assert (round(pld["ratio"], 3), round(pld["ratio_no_convert"], 3)) == (1.394, 1.457)
+
+
 def test_ncu_sass_split_of_the_32k_forward(tmp_path):
     """ncu_sass_split.py on session 20's ncu export of the 32K sliding_window forward: the
     mainloop's class (516 instructions run 1,013,760 times, 56.1 % of the samples) and the
