@@ -15,9 +15,9 @@ CPU only (numpy). benchmarks/NOTES_bwd_partial.md explains the numbers.
   the old scan, for the benchmark masks and random bounds (ragged Sq, out-of-range values), at the
   kernels' tile shapes (Bm, Bn) = (64, 128) variants 5 / 6, (128, 128) variant 7, (64, 64) d = 256;
   and it catches a dropped third jump and an off-by-one in the range ends.
-* ``rot_walk_check``: the rotated walk of bwd_find_kept_rot (variants 16 / 19 / 21, default mode)
-  visits each kept tile once, in its promised order, at every rotation; bwd_skips_none (which key
-  blocks get the clocked start) agrees with the classification.
+* ``rot_walk_check``: bwd_group_skips_none (which key blocks of variants 16 / 19 / 21 walk
+  clocked) agrees with the tile classification, and the clocked walk visits every tile of every
+  head once, in its promised order.
 
 * ``mask_check``: variants 10 / 11's element-mask bits (bwd_col_mask: the thread's query columns
   below each bound, bmsk.clamp) equal the per-element test of variants 5 / 7.
@@ -242,97 +242,77 @@ def walk_check(sizes=(4096, 8192), rand_cases=300, seed=0) -> int:
     return bad
 
 
-# ----------------------------------------------------------------------------- rotated walk
-
-
-def rotated_walk(meta_rows, Sq: int, Bm: int, mblk: int, r: int, bound_off: int = 0,
-                 wrap: bool = True) -> list:
-    """The (head g, tile m) sequence of bwd_find_kept_rot (variants 16 / 19 / 21 in the default
-    mode) for one key block whose heads g have the metadata rows meta_rows: the plain walk
-    (next_kept over the heads, as bwd_find_kept) from (g, m), kept while it stays in head g's
-    phase (from r up, then from 0 up to r - 1). bound_off / wrap: the mutations the check must
-    catch (phase 2 ending at r + bound_off; no second phase)."""
-    def plain(g, m):  # bwd_find_kept
-        while g < len(meta_rows):
-            t = next_kept(m, meta_rows[g], Sq, Bm, mblk)
-            if t < mblk:
-                return True, g, t
-            g, m = g + 1, 0
-        return False, g, m
-
-    def rot(g, m, wrapped):
-        while True:
-            ok, g1, m1 = plain(g, m)
-            if ok and g1 == g and (not wrapped or m1 < r + bound_off):
-                return True, g, m1, wrapped
-            if not wrapped and wrap:
-                wrapped, m = True, 0
-                continue
-            g += 1
-            if g >= len(meta_rows):
-                return False, g, m, wrapped
-            wrapped, m = False, r
-
-    out = []
-    ok, g, m, w = rot(0, r, False)
-    while ok and len(out) <= 2 * mblk * len(meta_rows):
-        out.append((g, m))
-        ok, g, m, w = rot(g, m + 1, w)
-    return out
+# ----------------------------------------------------------------------------- clocked walk
 
 
 def skips_none(meta_row, Sq: int, Bm: int, mblk: int, strict: bool = False) -> bool:
-    """bwd_skips_none: the key block skips no query tile (both skip ranges empty); the clocked
-    walk start applies to such key blocks only. strict: the mutation the check must catch."""
+    """One head's part of bwd_group_skips_none: the key block skips no query tile (both skip
+    ranges empty). strict: the mutation the check must catch."""
     lts_mx, lte_mn, uts_mx, ute_mn = (int(meta_row[i]) for i in (1, 2, 5, 6))
     s1, e1 = skip_range(lts_mx, lte_mn, Sq, Bm, mblk)
     s2, e2 = skip_range(uts_mx, ute_mn, Sq, Bm, mblk)
     return (e1 < s1 and e2 < s2) if strict else (e1 <= s1 and e2 <= s2)
 
 
+def clocked_walk(n_heads: int, mblk: int, r: int, head_step: bool = True) -> list:
+    """The (head g, tile m) sequence of a clocked walk (variants 16 / 19 / 21, next_kept with rot
+    = r >= 0, for a key block that skips nothing): from (0, r), m + 1 wrapping at mblk, the next
+    head when m is back at r. head_step: the mutation the check must catch (no head advance)."""
+    out, g, m = [], 0, r
+    while g < n_heads and len(out) <= 2 * mblk * n_heads:
+        out.append((g, m))
+        m = 0 if m + 1 == mblk else m + 1
+        if m == r and head_step:
+            g += 1
+    return out
+
+
 def rot_walk_check(sizes=(2048,), rand_cases=60, seed=0) -> int:
-    """Every key block's rotated walk at every rotation r < mblk visits each kept tile of each head
-    once, head by head, tiles >= r ascending then tiles < r ascending (the order bwd_find_kept_rot
-    promises), at Bm = 80, for the benchmark masks (one head) and random bounds (three heads, as a
-    GQA group with a mask head per query head). 0 mismatching walks expected; the mutated walks
-    (phase 2 up to r inclusive, no phase 2) must mismatch."""
+    """bwd_group_skips_none against the classification (a key block is clocked iff no head of its
+    group skips a tile of it), for the benchmark masks (one head) and random bounds (three heads,
+    as a GQA group with a mask head per query head), at Bm = 80; and the clocked walk visits each
+    tile of each head once, head by head, tiles >= r then tiles < r, at several r. 0 mismatches
+    expected; the mutations (strict range test, no head advance) must mismatch."""
     rng = np.random.default_rng(seed)
     Bm = 80
     cases = [([b], S) for S in sizes for b in suite_bounds(S).values()]
+    full = np.stack([np.full(sizes[0], sizes[0]), np.full(sizes[0], sizes[0]),
+                     np.full(sizes[0], sizes[0]), np.full(sizes[0], sizes[0])])
+    cases.append(([full, full], sizes[0]))  # a group whose key blocks all skip nothing
     for _ in range(rand_cases):
         b, Sq = _random_bounds(rng)
         # two more heads on the same keys: its columns shuffled, its bounds shifted
         cases.append(([b, b[:, rng.permutation(b.shape[1])], b + rng.integers(-60, 60, b.shape)], Sq))
 
-    def run(**mut) -> int:
-        bad = 0
+    def run_none(strict=False) -> tuple:  # (wrong answers, clocked key blocks)
+        bad = clocked = 0
         for heads, Sq in cases:
             skips = [classify(b, Sq, Bm, BN)[0] for b in heads]
             metas = [key_block_meta(b, BN) for b in heads]
             mblk = skips[0].shape[1]
             for n in range(skips[0].shape[0]):
-                for r in sorted({0, 1, n % mblk, mblk // 2, mblk - 1}):
-                    kept = [np.flatnonzero(~sk[n]) for sk in skips]
-                    want = [(g, int(m)) for g, k in enumerate(kept)
-                            for m in np.concatenate([k[k >= r], k[k < r]])]
-                    got = rotated_walk([mt[n] for mt in metas], Sq, Bm, mblk, r, **mut)
-                    bad += got != want
-        return bad
+                got = all(skips_none(mt[n], Sq, Bm, mblk, strict) for mt in metas)
+                want = not any(sk[n].any() for sk in skips)
+                bad += got != want
+                clocked += want
+        return bad, clocked
 
-    def run_none(strict=False) -> int:  # bwd_skips_none against the classification
+    def run_walk(**mut) -> int:
         bad = 0
-        for heads, Sq in cases:
-            skip = classify(heads[0], Sq, Bm, BN)[0]
-            for n, row in enumerate(key_block_meta(heads[0], BN)):
-                bad += skips_none(row, Sq, Bm, skip.shape[1], strict) != (not skip[n].any())
+        for n_heads in (1, 3):
+            for mblk in (1, 2, 7, 26):
+                for r in sorted({0, 1 % mblk, mblk // 2, mblk - 1}):
+                    want = [(g, m) for g in range(n_heads)
+                            for m in list(range(r, mblk)) + list(range(r))]
+                    bad += clocked_walk(n_heads, mblk, r, **mut) != want
         return bad
 
-    bad, bad_none = run(), run_none()
-    caught = {"phase 2 up to r": run(bound_off=1), "no phase 2": run(wrap=False),
-              "skips_none strict": run_none(strict=True)}
-    print(f"rotated walk: {len(cases)} cases, {bad} mismatching walks, {bad_none} wrong "
-          "skips_none; mutations caught: " + ", ".join(f"{k} {v}" for k, v in caught.items()))
-    return bad + bad_none + (0 if all(caught.values()) else 1)
+    (bad_none, clocked), bad_walk = run_none(), run_walk()
+    caught = {"strict range test": run_none(strict=True)[0], "no head advance": run_walk(head_step=False)}
+    print(f"clocked walk: {len(cases)} cases, {clocked} clocked key blocks, {bad_none} wrong "
+          f"bwd_group_skips_none, {bad_walk} wrong walks; mutations caught: "
+          + ", ".join(f"{k} {v}" for k, v in caught.items()))
+    return bad_none + bad_walk + (0 if all(caught.values()) and clocked else 1)
 
 
 # ----------------------------------------------------------------------------- element mask bits
@@ -470,7 +450,7 @@ def main() -> int:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--walk-check", action="store_true")
     ap.add_argument("--rot-walk-check", action="store_true",
-                    help="the rotated walk (variants 16 / 19 / 21) against the kept tiles")
+                    help="the clocked walk (variants 16 / 19 / 21) against the tile classification")
     ap.add_argument("--mask-check", action="store_true",
                     help="variants 10 / 11's element-mask bits against the per-element test")
     ap.add_argument("--predict", nargs="*", default=[], choices=sorted(PRESETS),

@@ -498,11 +498,12 @@ DEFAULT_BWD_VARIANT = 5  # H200 2026-11-30 run B: 37 GPU tests, sanitizers
 # 13; 79 GPU tests passed, memcheck / synccheck 0 errors, racecheck 0 hazards). s12: 16's dV wait
 # after the dS barrier (same bits): 8K full 518 -> 526, causal 483 -> 491, 32K full 524 -> 533
 # (level with cuDNN at 8K: 526 / 528, 526 / 523 in one process; NOTES.md session 12). s23: 16 / 19
-# / 21 in the default mode walk the key blocks that skip no query tile from a clocked start (the
-# tiles issued so far / SMs + key block, mod the tile count), where a kv head's Q / dO / dQ stream
-# exceeds the L2 (64K / 128K at d = 128): 128K full 495 -> 553 TFLOP/s, DRAM 2.0 TB -> 68 GB per
-# kernel; JFM_BWD_WALK_CLOCK=0 / 1 / 2 (environment, read once per process) forces the ascending
-# walk / that rule / every key block (bwd_kernel.cuh bwd_find_kept_rot; NOTES.md session 23).
+# / 21 in the default mode walk the key blocks that skip no query tile of their kv group from a
+# clocked start (the tiles clocked walks issued so far / SMs + key block, mod the tile count),
+# where a kv head's Q / dO / dQ stream exceeds the L2 (64K / 128K at d = 128): 128K full 495 -> 553
+# TFLOP/s, DRAM 2.0 TB -> 68 GB per kernel; JFM_BWD_WALK_CLOCK=0 / 1 (environment, read once per
+# process) forces the ascending walk / the clocked one (bwd_kernel.cuh bwd_group_skips_none;
+# NOTES.md sessions 23-24).
 DEFAULT_BWD_VARIANTS = {64: 11, 128: 16, 256: DEFAULT_BWD_VARIANT}
 # Deterministic mode: DEFAULT_DET_BWD_VARIANTS. At d = 128 variant 19 = 16 with launch groups sized
 # on the device (bitwise 16's gradients; H200 s9 run 2, 32K, deterministic 16 -> 19, two alternated

@@ -273,10 +273,10 @@ def test_bwd_walk_check():
 
 
 def test_bwd_rot_walk_check():
-    """benchmarks/bwd_mask_model.py --rot-walk-check: the rotated walk of bwd_find_kept_rot
-    (variants 16 / 19 / 21, default mode) visits each kept tile of each head once, tiles >= r then
-    tiles < r, at several rotations r per key block (benchmark masks; random three-head groups);
-    and the check catches a phase 2 that runs up to r and a missing phase 2."""
+    """benchmarks/bwd_mask_model.py --rot-walk-check: bwd_group_skips_none (which key blocks of
+    variants 16 / 19 / 21 walk clocked) agrees with the tile classification on the benchmark masks
+    and random three-head groups, the clocked walk visits every tile of every head once, tiles >= r
+    then tiles < r; and the check catches a strict range test and a walk that never changes head."""
     spec = importlib.util.spec_from_file_location("bwd_mask_model", ROOT / "benchmarks" / "bwd_mask_model.py")
     model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(model)

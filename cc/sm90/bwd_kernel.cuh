@@ -158,7 +158,7 @@ struct BwdTraits {
     alignas(8) uint64_t kv_full;       // K + V landed
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
     Extra x;
-    int walk_start;                    // variants 16 / 19 / 21: the walk's first tile (thread 0)
+    int walk_start;                    // variants 16 / 19 / 21: the clocked walk's first tile, -1: ascending
   };
 };
 
@@ -338,11 +338,10 @@ struct BwdArgs {
   // Look-ahead zeroing of dq_accum (bwd_zero_ahead below; nullptr = the prep kernel zeroes all of
   // it): one counter per launch unit, zeroed before the launch.
   int* zero_count;
-  // Variants 16 / 19 / 21, default mode: clocked walk starts (bwd_find_kept_rot), key block n from
-  // tile r = (*walk_clock / walk_sms + n) mod mblk, walk_clock counting the tiles issued by all CTAs
-  // so far (its start value is arbitrary). 1 = on key blocks that skip no query tile (in the kv
-  // group's first head), 2 = on every key block (forced: tests), 0 = ascending (every other
-  // kernel, deterministic mode).
+  // Variants 16 / 19 / 21, default mode: 1 = clocked walks (bwd_group_skips_none), key block n from
+  // tile r = (*walk_clock / walk_sms + n) mod mblk, walk_clock counting the tiles the clocked walks
+  // issued so far (its start value is arbitrary); 0 = ascending (every other kernel,
+  // deterministic mode).
   int walk_clocked;
   uint32_t* walk_clock;
   int walk_sms;
@@ -468,48 +467,28 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
   return false;
 }
 
-// The rotated walk (variants 16 / 19 / 21 in the default mode, BwdArgs::walk_clocked): each
-// head's kept tiles from tile r up, then from 0 up to r - 1 (`wrapped`: the head's walk has passed
-// its last tile); r = 0 is bwd_find_kept's order. Why: at 128K full (H = 32) the resident CTAs'
-// Q / dO / dQ stream misses L2 (2 TB of DRAM traffic per kernel against 28 GB at 32K for a quarter
-// of the work; with H = 4, 18 GB): CTAs start when their SM's previous one ends, so after many
-// waves their walks are out of phase and the tiles in use span the whole head (131 MB against
-// the 50 MB L2). The clocked start r = (tiles issued so far / SMs + n) mod mblk lets a CTA join
-// where the running ones are (the clock advances one tile per SM-tile), one tile after its
-// predecessor key block: 2 TB -> 68 GB and +8 % at 128K full (benchmarks/NOTES.md sessions 22-23).
-// Only for key blocks that skip nothing: masked columns' walks differ in length, so the clock is
-// no phase for them, and ascending they ran 1.7 % faster (128K causal / prefix-LM / sliding
-// window). A start on a skipped tile jumps as in bwd_find_kept.
-// Key block n skips no query tile of the kv group's first head (both skip ranges of
-// bwd_find_kept empty).
+// The clocked walk (variants 16 / 19 / 21 in the default mode, BwdArgs::walk_clocked): each head's
+// tiles from tile r up, then from 0 up to r - 1, with r = (tiles issued so far / SMs + n) mod mblk,
+// for key blocks that skip no tile of any head of their kv group (bwd_group_skips_none; all
+// others walk ascending). Why: at 128K full (H = 32) the resident CTAs' Q / dO / dQ stream
+// missed L2 (2 TB of DRAM traffic per kernel against 28 GB at 32K for a quarter of the work):
+// CTAs start when their SM's previous one ends, so after many waves their walks are out of phase
+// and the tiles in use span the whole head (131 MB against the 50 MB L2). The clocked start lets a
+// CTA join where the running ones are (the clock advances one tile per SM-tile), one tile after
+// its predecessor key block: 2 TB -> 68 GB and +12 % at 128K full (benchmarks/NOTES.md sessions
+// 22-23). Masked key blocks walk ascending: their walks differ in length, so the clock is no
+// phase for them, and ascending they ran 1-3 % faster than clocked.
 template <int Bm, int Bn>
-__device__ __forceinline__ bool bwd_skips_none(const BwdArgs& a, int b, int hk, int n) {
-  const int hm = hk * a.heads_per_kv / a.heads_per_mask;
-  const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
-  int s1, e1, s2, e2;
-  bwd_skip_range<Bm>(__ldg(mt + 1 * a.nblk), __ldg(mt + 2 * a.nblk), a.Sq, a.mblk, s1, e1);
-  bwd_skip_range<Bm>(__ldg(mt + 5 * a.nblk), __ldg(mt + 6 * a.nblk), a.Sq, a.mblk, s2, e2);
-  return e1 <= s1 && e2 <= s2;
-}
-
-template <int Bm, int Bn>
-__device__ __forceinline__ bool bwd_find_kept_rot(const BwdArgs& a, int b, int hk, int n, int r,
-                                                  int& g, int& m, bool& wrapped, bool& partial) {
-  while (true) {
-    int g1 = g, m1 = m;  // the plain walk from (g, m), kept if it stays in this head's phase
-    if (bwd_find_kept<Bm, Bn>(a, b, hk, n, g1, m1, partial) && g1 == g && (!wrapped || m1 < r)) {
-      m = m1;
-      return true;
-    }
-    if (!wrapped) {  // head g from its first tile up to r
-      wrapped = true;
-      m = 0;
-      continue;
-    }
-    if (++g >= a.heads_per_kv) return false;
-    wrapped = false;
-    m = r;
+__device__ __forceinline__ bool bwd_group_skips_none(const BwdArgs& a, int b, int hk, int n) {
+  const int hm_last = (hk * a.heads_per_kv + a.heads_per_kv - 1) / a.heads_per_mask;
+  for (int hm = hk * a.heads_per_kv / a.heads_per_mask; hm <= hm_last; ++hm) {
+    const int32_t* mt = a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)a.nblk + n;
+    int s1, e1, s2, e2;  // bwd_find_kept's two skip ranges, both empty
+    bwd_skip_range<Bm>(__ldg(mt + 1 * a.nblk), __ldg(mt + 2 * a.nblk), a.Sq, a.mblk, s1, e1);
+    bwd_skip_range<Bm>(__ldg(mt + 5 * a.nblk), __ldg(mt + 6 * a.nblk), a.Sq, a.mblk, s2, e2);
+    if (e1 > s1 || e2 > s2) return false;
   }
+  return true;
 }
 
 // Bits [pos, pos + width) of a 32-bit word (bmsk.clamp: 0 for width 0 or pos >= 32; a range
@@ -858,9 +837,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   constexpr bool kRot = T::kLockstep && Bm == 80;
   if (tid == 0) {
     if constexpr (kRot) {
-      // the walk's first tile, one value for the TMA lane and the dQ writer (bwd_find_kept_rot)
-      ss.walk_start = 0;
-      if (a.walk_clocked == 2 || (a.walk_clocked == 1 && bwd_skips_none<Bm, Bn>(a, b, hk, n))) {
+      // the clocked walk's first tile, one value for the TMA lane and the dQ writer
+      ss.walk_start = -1;  // ascending, not on the clock
+      if (a.walk_clocked && bwd_group_skips_none<Bm, Bn>(a, b, hk, n)) {
         const uint32_t r = ld_acquire_gpu(a.walk_clock) / (uint32_t)a.walk_sms;
         ss.walk_start = (int)((r + (uint32_t)n) % (uint32_t)a.mblk);
       }
@@ -887,27 +866,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
 
-  int g = 0, m = 0;
+  // The tile walk (the lock-step consumers read it from the TMA lane, the others walk it too):
+  // ascending, or in variants 16 / 19 / 21 (80-row tiles) clocked from tile `rot` = ss.walk_start
+  // >= 0. A clocked walk keeps every tile, so bwd_find_kept gives (g, m) back with its partial
+  // flag, or false past the last head.
+  int rot = -1;
+  if constexpr (kRot) rot = ss.walk_start;
+  int g = 0, m = max(rot, 0);
   bool partial = false;
   bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-  // The walk of the TMA lane and the dQ writer (the lock-step consumers read it from the TMA lane,
-  // the others walk with bwd_find_kept): in variants 16 / 19 / 21 (80-row tiles) rotated by `rot`
-  // (ss.walk_start), restarted by each of the two (the consumers only need `have`, the same
-  // either way).
-  int rot = 0;  // set by start_walk
-  bool wrapped = false;
-  auto find_kept = [&](int& g_, int& m_, bool& wrapped_, bool& partial_) {
-    if constexpr (kRot)
-      return bwd_find_kept_rot<Bm, Bn>(a, b, hk, n, rot, g_, m_, wrapped_, partial_);
-    else return bwd_find_kept<Bm, Bn>(a, b, hk, n, g_, m_, partial_);
-  };
-  auto start_walk = [&]() {
-    if constexpr (kRot) rot = ss.walk_start;
-    if (rot > 0) {
-      g = 0;
-      m = rot;
-      have = find_kept(g, m, wrapped, partial);
+  auto next_kept = [&](int& g_, int& m_, bool& partial_) {
+    ++m_;
+    if (kRot && rot >= 0) {
+      if (m_ == a.mblk) m_ = 0;
+      if (m_ == rot) ++g_;  // head g_ done: the next one from rot
     }
+    return bwd_find_kept<Bm, Bn>(a, b, hk, n, g_, m_, partial_);
   };
   // Variants 12 / 13: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
   // slot [stage] before its `full` arrive (release; the consumers read it after their `full`
@@ -921,7 +895,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const int warp = tid / 32;
     if (warp == 0) {
       if (lane == 0 && have) {
-        start_walk();
+        // only clocked walks advance the clock: the phase it measures is theirs
+        const bool on_clock = kRot && rot >= 0;
         Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
         Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
         Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
@@ -946,10 +921,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
                                             group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
           // variants 12 / 13: the next kept tile first, so that this one's slot says if it is the last
-          int gn = g, mn = m + 1;
-          bool pn = false, more = false, wn = wrapped;
+          int gn = g, mn = m;
+          bool pn = false, more = false;
           if constexpr (T::kLockstep) {
-            more = find_kept(gn, mn, wn, pn);
+            more = next_kept(gn, mn, pn);
             const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
             asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
                              cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
@@ -958,7 +933,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           Barrier::arrive_and_expect_tx(&ss.full[stage],
                                         2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
           if constexpr (kRot) {
-            if (a.walk_clocked) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
+            if (on_clock) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
           }
           copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
           copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
@@ -972,12 +947,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if constexpr (T::kLockstep) {
             g = gn;
             m = mn;
-            wrapped = wn;
             partial = pn;
             have = more;
           } else {
-            ++m;
-            have = find_kept(g, m, wrapped, partial);
+            have = next_kept(g, m, partial);
           }
         }
       }
@@ -991,7 +964,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
         // long before the first dQ tile: the CTAs it waits for were launched before this one)
         if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
-        if (have) start_walk();
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
@@ -1024,8 +996,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           __syncwarp();
           if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
-          ++m;
-          have = find_kept(g, m, wrapped, partial);
+          have = next_kept(g, m, partial);
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         if constexpr (T::kDetPipe) {
@@ -2030,14 +2001,13 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
   a.items_total = (int)std::min<int64_t>(items_total, INT32_MAX);
   a.zero_count = zero_count;
-  // Clocked walk starts (bwd_find_kept_rot): 80-row lock-step kernels in the default mode
+  // Clocked walks (bwd_group_skips_none): 80-row lock-step kernels in the default mode
   // (deterministic mode keeps its fixed summation order), where a kv head's Q / dO / dQ stream
-  // exceeds the L2, on key blocks that skip no tile; below that size the ascending walk (its
-  // out-of-phase CTAs still hit, 98 % at 32K full). JFM_BWD_WALK_CLOCK = 0 / 1 / 2 forces a mode
-  // (A/B timing, tests; read once per process).
+  // exceeds the L2; below that size the ascending walk (its out-of-phase CTAs still hit, 98 % at
+  // 32K full). JFM_BWD_WALK_CLOCK = 0 / 1 forces a mode (A/B timing, tests; read once per process).
   static const int env_walk_clocked = [] {
     const char* s = std::getenv("JFM_BWD_WALK_CLOCK");
-    return s ? std::min(2, std::max(0, std::atoi(s))) : -1;
+    return s ? (std::atoi(s) != 0 ? 1 : 0) : -1;
   }();
   if (T::kLockstep && T::Bm == 80 && !p.deterministic && p.meta_capacity >= ml.sched + 4) {
     const int64_t head_stream_bytes =

@@ -1693,13 +1693,12 @@ def test_det_order80_large_repeatable():
 # --------------------------------------------------------------------------- walk modes (16 / 19 / 21)
 
 
-@pytest.mark.parametrize("mode", [1, 2])
-def test_walk_modes_in_a_subprocess(mode):
-    """Variant 16's reference tests again with the clocked walk starts forced to `mode`
-    (JFM_BWD_WALK_CLOCK, read once per process, hence a subprocess): 1 = on key blocks that skip no
-    tile (the default above the L2 size), 2 = on every key block (rotated walks over skipped and
-    partial tiles). At test sizes the default is the ascending walk (a head's stream fits in L2),
-    so without this the clocked walks would run only in the benchmarks."""
+def test_clocked_walk_in_a_subprocess():
+    """Variant 16's reference tests again with the clocked walk forced on (JFM_BWD_WALK_CLOCK=1,
+    read once per process, hence a subprocess): key blocks that skip no tile of their kv group
+    (full, the prefix of prefix-LM, GQA groups) walk from their clocked start. At test sizes the
+    default is the ascending walk (a head's stream fits in L2), so without this the clocked walk
+    would run only in the benchmarks."""
     import subprocess
     import sys
 
@@ -1708,7 +1707,7 @@ def test_walk_modes_in_a_subprocess(mode):
     _need(jnp.bfloat16, 128)
     if 16 not in VARIANTS:
         pytest.skip("variant 16 not under test")
-    env = dict(os.environ, JFM_BWD_WALK_CLOCK=str(mode), JFM_BWD_TEST_VARIANTS="16")
+    env = dict(os.environ, JFM_BWD_WALK_CLOCK="1", JFM_BWD_TEST_VARIANTS="16")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
          "rows80_against_reference or mask_families or gqa_mqa or ragged_lengths"],
