@@ -382,6 +382,37 @@ def test_gpu_timing_scripts_parse_their_arguments():
         assert proc.returncode == 0 and "usage:" in proc.stdout, (script, proc.stderr[-2000:])
 
 
+def test_module_ab_stages_and_runs_each_module_in_its_own_tree(tmp_path):
+    """benchmarks/module_ab.sh: `stage` packs a revision's tree and an extension; `run` unpacks
+    each module once and runs bwd_timing.py in that module's tree, with NAME@VAR=VALUE's variable
+    set (here `--help`: the timed part needs the H200)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout")
+    fake_so = tmp_path / "ext.so"
+    fake_so.write_bytes(b"not an extension")
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    script = str(ROOT / "benchmarks" / "module_ab.sh")
+    subprocess.run(["bash", script, "stage", "M", "HEAD", str(fake_so), str(stage)], cwd=ROOT, check=True)
+    assert (stage / "tree_M.tgz").stat().st_size > 1000 and (stage / "M.so.gz").exists()
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               JFM_AB_ROOT=str(tmp_path / "mods"))
+    proc = subprocess.run(["bash", script, "run", str(stage), str(out), "M", "M@JFM_PROBE=1", "--", "--help"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "M (#1) rc=0" in proc.stdout and "M@JFM_PROBE=1 (#2) rc=0" in proc.stdout, proc.stdout
+    log = (out / "ab.log").read_text()
+    assert log.count("usage: bwd_timing.py") == 2, log[-2000:]
+    # unpacked once, the extension under the interpreter's suffix, next to the staged tree's code
+    pkg = tmp_path / "mods" / "M" / "jax_flashmask"
+    assert (pkg / "_cuda.py").exists() and [p.name for p in pkg.glob("_flashmask_cuda*")] == [
+        "_flashmask_cuda" + __import__("sysconfig").get_config_var("EXT_SUFFIX")]
+
+
 def _benchmark_script(name: str):
     """benchmarks/<name>.py as a module (benchmarks/ on sys.path for its sibling imports)."""
     import sys
