@@ -8,8 +8,9 @@
 # Run (GPU machine): bash benchmarks/module_ab.sh run DIR OUTDIR NAME... -- BWD_TIMING_ARGS
 #   unpacks each module under $JFM_AB_ROOT/NAME (default /tmp/jfm_mod) once, then runs
 #   `python3 benchmarks/bwd_timing.py BWD_TIMING_ARGS --json OUTDIR/t_NAME_I.json` in that tree for
-#   the I-th NAME of the list (every process's output appended to OUTDIR/ab.log). NAME=X@VAR=VALUE runs module X with that environment variable set
-#   (e.g. FC@JFM_BWD_FUSED_CONVERT=0). JFM_AB_END=S: start no process after S seconds.
+#   the I-th NAME of the list (every process's output appended to OUTDIR/ab.log).
+#   NAME=X@VAR=VALUE runs module X with that environment variable set (e.g.
+#   FC@JFM_BWD_FUSED_CONVERT=0). JFM_AB_END=S: start no process after S seconds.
 # Table (any machine): python benchmarks/bwd_ab_table.py --a t_A_*.json --b t_B_*.json ...
 set -u -o pipefail
 mode=${1:?stage or run}; shift

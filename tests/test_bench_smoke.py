@@ -390,6 +390,7 @@ def test_module_ab_stages_and_runs_each_module_in_its_own_tree(tmp_path):
     import shutil
     import subprocess
     import sys
+    import sysconfig
 
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs the git checkout")
@@ -410,7 +411,7 @@ def test_module_ab_stages_and_runs_each_module_in_its_own_tree(tmp_path):
     # unpacked once, the extension under the interpreter's suffix, next to the staged tree's code
     pkg = tmp_path / "mods" / "M" / "jax_flashmask"
     assert (pkg / "_cuda.py").exists() and [p.name for p in pkg.glob("_flashmask_cuda*")] == [
-        "_flashmask_cuda" + __import__("sysconfig").get_config_var("EXT_SUFFIX")]
+        "_flashmask_cuda" + sysconfig.get_config_var("EXT_SUFFIX")]
 
 
 def _benchmark_script(name: str):
