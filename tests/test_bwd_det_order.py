@@ -279,7 +279,8 @@ def test_kernel_source_has_variant19():
     assert ("if (p.variant == 19 || p.variant == 21) return "
             "launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>") in src
     aux = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
-    assert "} else if (128ull * tot[3] >= tot[0]) {" in aux and "constexpr int kDetGroupRows80 = 80;" in aux
+    assert "return t.live > 0ull && !det_costarts(t) && 128ull * t.inv >= t.kept;" in aux
+    assert "constexpr int kDetGroupRows80 = 80;" in aux
     ffi = (ROOT / "cc" / "ffi" / "bwd_handler.cc").read_text()
     assert "variant == 19" in ffi
 

@@ -394,11 +394,8 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group_kernel(
 }
 
 // Variant 19 pre-pass (bwd_det_group80_sm90): variant 17's per-item counts at variant 16's 80-row
-// query tiles, plus the last kept tile (the mirror of det_first_kept: three jumps down over the two
-// skipped ranges; -1: none). A live key block is "inverted" when it ends on the last kept tile of
-// the key block above it but keeps fewer tiles: its walk (ascending) reaches their common tail
-// kept(n + 1) - kept(n) tiles earlier than the key block that adds there before it (causal
-// blockwise: the top key block of each document below a longer one, on the last document's rows).
+// query tiles, plus the last kept tile (det_last_kept, the mirror of det_first_kept: three jumps
+// down over the two skipped ranges; -1: none) and the inverted tiles (det_tally).
 constexpr int kDetGroupRows80 = 80;
 // The launch group's L2 budget, in 80-row query tiles: G interleaved pairs walk about G * L tiles
 // (L = mean kept tiles per live key block), each tile's Q, dO and fp32 dQ rows ~80 KB at d = 128,
@@ -414,43 +411,47 @@ constexpr unsigned kDetGroupTileBudget = 300;
 // 128K 403 / 405 / 390, 8K 4 / 8: 411 / 397 TFLOP/s (session 10: 16 / 32 / 64 lose more).
 constexpr unsigned kDetGroupInverted = 4;
 
-__device__ __forceinline__ void det_skip80(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
-                                           int& h1, int& l2, int& h2) {
-  // tiles lying entirely inside [lo_key, hi_key) at 80 rows (sched_inside with Bm = 80)
+template <int Rows>
+__device__ __forceinline__ void det_skip_rows(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
+                                              int& h1, int& l2, int& h2) {
+  // tiles lying entirely inside [lo_key, hi_key) at Rows rows (sched_inside with Bm = Rows)
   const int lts_mx = mt[1 * nblk], lte_mn = mt[2 * nblk];
   const int uts_mx = mt[5 * nblk], ute_mn = mt[6 * nblk];
-  l1 = (max(lts_mx, 0) + kDetGroupRows80 - 1) / kDetGroupRows80;
-  h1 = lte_mn >= Sq ? mblk - 1 : max(lte_mn, 0) / kDetGroupRows80 - 1;
-  l2 = (max(uts_mx, 0) + kDetGroupRows80 - 1) / kDetGroupRows80;
-  h2 = ute_mn >= Sq ? mblk - 1 : max(ute_mn, 0) / kDetGroupRows80 - 1;
+  l1 = (max(lts_mx, 0) + Rows - 1) / Rows;
+  h1 = lte_mn >= Sq ? mblk - 1 : max(lte_mn, 0) / Rows - 1;
+  l2 = (max(uts_mx, 0) + Rows - 1) / Rows;
+  h2 = ute_mn >= Sq ? mblk - 1 : max(ute_mn, 0) / Rows - 1;
 }
 
-// Kept 80-row query tiles of key block n (the metadata column mt) and its skip ranges.
-__device__ __forceinline__ int det_kept80(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
-                                          int& h1, int& l2, int& h2) {
-  det_skip80(mt, nblk, Sq, mblk, l1, h1, l2, h2);
+// Kept Rows-row query tiles of key block n (the metadata column mt) and its skip ranges.
+template <int Rows>
+__device__ __forceinline__ int det_kept_rows(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
+                                             int& h1, int& l2, int& h2) {
+  det_skip_rows<Rows>(mt, nblk, Sq, mblk, l1, h1, l2, h2);
   const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
   const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
   return max(mblk - (c1 + c2 - c12), 0);
 }
 
-// Variant 21's key-block order (the inverted-tails case): the key blocks of each (batch, mask
-// head) in windows of kDetOrderWindow consecutive key blocks, the highest window first (variant
-// 19's descending order between windows), inside a window in ascending kept-tile count, ties by
-// descending key block, i.e. the order in which their walks reach a tail that all of them share.
-// The window keeps the resident CTAs on the rows of ~32K keys' documents (sorting a whole 128K
-// head interleaves every document and measured no gain there: H200 s12 run 2, 128K 401 -> 399
-// TFLOP/s; 32K, one window, 405 -> 418). Written position -> key block at order[bh * nblk + i],
-// from the rank of each key block in its window (kept counts in smem).
+// Variant 21's key-block order (the inverted-tails case; also variants 7 / 11 and the d = 256
+// kernel in deterministic mode): the key blocks of each (batch, mask head) in windows of
+// kDetOrderWindow consecutive key blocks, the highest window first (variant 19's descending order
+// between windows), inside a window in ascending kept-tile count, ties by descending key block,
+// i.e. the order in which their walks reach a tail that all of them share. The window keeps the
+// resident CTAs on the rows of ~32K keys' documents (sorting a whole 128K head interleaves every
+// document and measured no gain there: H200 s12 run 2, 128K 401 -> 399 TFLOP/s; 32K, one window,
+// 405 -> 418). Written position -> key block at order[bh * nblk + i], from the rank of each key
+// block in its window (kept counts in smem).
 constexpr int kDetPermMaxBlocks = 12000;  // kept counts in dynamic shared memory (under 48 KB)
 constexpr int kDetOrderWindow = 256;      // key blocks (32K keys at 128 keys per block)
 
-__device__ void det_order80(const int32_t* __restrict__ meta, int32_t* __restrict__ order, int BH,
-                            int nblk, int mblk, int Sq, int window, int* kept_s) {
+template <int Rows>
+__device__ void det_order_rows(const int32_t* __restrict__ meta, int32_t* __restrict__ order, int BH,
+                               int nblk, int mblk, int Sq, int window, int* kept_s) {
   for (int bh = 0; bh < BH; ++bh) {
     for (int n = threadIdx.x; n < nblk; n += blockDim.x) {
       int l1, h1, l2, h2;
-      kept_s[n] = det_kept80(meta + (int64_t)bh * 8 * nblk + n, nblk, Sq, mblk, l1, h1, l2, h2);
+      kept_s[n] = det_kept_rows<Rows>(meta + (int64_t)bh * 8 * nblk + n, nblk, Sq, mblk, l1, h1, l2, h2);
     }
     __syncthreads();
     for (int n = threadIdx.x; n < nblk; n += blockDim.x) {
@@ -467,6 +468,7 @@ __device__ void det_order80(const int32_t* __restrict__ meta, int32_t* __restric
   }
 }
 
+// The last kept tile (-1: none).
 __device__ __forceinline__ int det_last_kept(int l1, int h1, int l2, int h2, int mblk) {
   int m = mblk - 1;
   if (m >= l1 && m <= h1) m = l1 - 1;
@@ -475,59 +477,78 @@ __device__ __forceinline__ int det_last_kept(int l1, int h1, int l2, int h2, int
   return m;
 }
 
-__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
-    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
-    int Sq, int pairs, int max_group, int perm, int window) {
-  // kept tiles, items keeping a tile, co-starting items, inverted tiles
-  __shared__ unsigned long long tot[4];
-  __shared__ int use_order;
-  extern __shared__ int kept_s[];  // variant 21: nblk kept counts (perm only)
-  if (threadIdx.x < 4) tot[threadIdx.x] = 0ull;
+// The launch's totals over every (batch, mask head, key block) at Rows-row tiles, summed by the
+// whole block into tot: kept tiles, key blocks keeping a tile ("live"), co-starting live key
+// blocks, inverted tiles. A live key block is "inverted" when it ends on the last kept tile of the
+// key block above it but keeps fewer tiles: its walk (ascending) reaches their common tail
+// kept(n + 1) - kept(n) tiles earlier than the key block that adds there before it (causal
+// blockwise: the top key block of each document below a longer one, on the last document's rows).
+struct DetTallies {
+  unsigned long long kept, live, costart, inv;
+};
+template <int Rows>
+__device__ void det_tally(const int32_t* __restrict__ meta, int BH, int nblk, int mblk, int Sq,
+                          DetTallies* tot) {
+  if (threadIdx.x == 0) *tot = DetTallies{0ull, 0ull, 0ull, 0ull};
   __syncthreads();
-  const int64_t items = (int64_t)BH * nblk;
   unsigned long long kept = 0ull, live = 0ull, costart = 0ull, inv = 0ull;
   for (int bh = 0; bh < BH; ++bh) {
-    for (int n = threadIdx.x; n < nblk; n += kDetGroupThreads) {
+    for (int n = threadIdx.x; n < nblk; n += blockDim.x) {
       const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
       int l1, h1, l2, h2;
-      const int k = det_kept80(mt, nblk, Sq, mblk, l1, h1, l2, h2);
+      const int k = det_kept_rows<Rows>(mt, nblk, Sq, mblk, l1, h1, l2, h2);
       kept += (unsigned long long)k;
       if (k > 0) {
         ++live;
         if (n + 1 < nblk) {
           const int f = det_first_kept(l1, h1, l2, h2);
           const int la = det_last_kept(l1, h1, l2, h2, mblk);
-          const int ku = det_kept80(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
+          const int ku = det_kept_rows<Rows>(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
           costart += f == det_first_kept(l1, h1, l2, h2) ? 1ull : 0ull;
           if (ku > k && la == det_last_kept(l1, h1, l2, h2, mblk)) inv += (unsigned long long)(ku - k);
         }
       }
     }
   }
-  atomicAdd(&tot[0], kept);
-  atomicAdd(&tot[1], live);
-  atomicAdd(&tot[2], costart);
-  atomicAdd(&tot[3], inv);
+  atomicAdd(&tot->kept, kept);
+  atomicAdd(&tot->live, live);
+  atomicAdd(&tot->costart, costart);
+  atomicAdd(&tot->inv, inv);
   __syncthreads();
+}
+// Co-starting chains (documents, global rows): at least half of the live key blocks co-start.
+__device__ __forceinline__ bool det_costarts(const DetTallies& t) { return 2ull * t.costart >= t.live; }
+// Otherwise inverted tails worth at least 1/128 of the kept tiles (causal blockwise).
+__device__ __forceinline__ bool det_inverted(const DetTallies& t) {
+  return t.live > 0ull && !det_costarts(t) && 128ull * t.inv >= t.kept;
+}
+
+__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
+    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
+    int Sq, int pairs, int max_group, int perm, int window) {
+  __shared__ DetTallies tot;
+  __shared__ int use_order;
+  extern __shared__ int kept_s[];  // variant 21: nblk kept counts (perm only)
+  const int64_t items = (int64_t)BH * nblk;
+  det_tally<kDetGroupRows80>(meta, BH, nblk, mblk, Sq, &tot);
   if (threadIdx.x == 0) {
     const int cap = max(1, min(max_group, pairs));
-    // co-starting chains (documents, global rows) whose key blocks keep on average at most half
-    // of the query tiles (not full / causal-like walks over the whole head): G = cap; inverted
-    // tails worth at least 1/128 of the kept tiles (causal blockwise): G = kDetGroupInverted;
-    // otherwise G = 1 (variant 16's order). Then the L2 budget: G * (mean kept tiles per live key
-    // block) <= kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py auto_group19.
+    // co-starting chains whose key blocks keep on average at most half of the query tiles (not
+    // full / causal-like walks over the whole head): G = cap; inverted tails: G =
+    // kDetGroupInverted; otherwise G = 1 (variant 16's order). Then the L2 budget: G * (mean kept
+    // tiles per live key block) <= kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py
+    // auto_group19.
     unsigned long long g = 1ull;
-    bool inverted = false;
-    if (tot[1] > 0ull) {
-      if (2ull * tot[2] >= tot[1]) {
-        g = 2ull * tot[0] <= (unsigned long long)mblk * (unsigned long long)items
+    const bool inverted = det_inverted(tot);
+    if (tot.live > 0ull) {
+      if (det_costarts(tot)) {
+        g = 2ull * tot.kept <= (unsigned long long)mblk * (unsigned long long)items
                 ? (unsigned long long)cap : 1ull;
-      } else if (128ull * tot[3] >= tot[0]) {
+      } else if (inverted) {
         g = (unsigned long long)kDetGroupInverted;
-        inverted = true;
       }
-      if (tot[0] > 0ull)
-        g = min(g, (unsigned long long)kDetGroupTileBudget * tot[1] / tot[0]);
+      if (tot.kept > 0ull)
+        g = min(g, (unsigned long long)kDetGroupTileBudget * tot.live / tot.kept);
     }
     sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
     // variant 21: the inverted tails also get their arrival order (bwd_kernel.cuh BwdDetAuto80)
@@ -535,7 +556,41 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     sched[2] = use_order;
   }
   __syncthreads();
-  if (use_order) det_order80(meta, sched + 4 + nblk, BH, nblk, mblk, Sq, window, kept_s);
+  if (use_order) det_order_rows<kDetGroupRows80>(meta, sched + 4 + nblk, BH, nblk, mblk, Sq, window, kept_s);
+}
+
+// The same order for the kernels launched (nblk, K, B) in deterministic mode (variants 7 / 11 at
+// 128-row tiles, the d = 256 kernel at 64): sched[2] = 1 and the order where the tails are
+// inverted, else sched[2] = 0 (descending key block).
+template <int Rows>
+__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_order_kernel(
+    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
+    int Sq, int window) {
+  __shared__ DetTallies tot;
+  __shared__ int use_order;
+  extern __shared__ int kept_s[];
+  det_tally<Rows>(meta, BH, nblk, mblk, Sq, &tot);
+  if (threadIdx.x == 0) {
+    use_order = det_inverted(tot) && nblk <= kDetPermMaxBlocks ? 1 : 0;
+    sched[2] = use_order;
+  }
+  __syncthreads();
+  if (use_order) det_order_rows<Rows>(meta, sched + 4 + nblk, BH, nblk, mblk, Sq, window, kept_s);
+}
+
+// The order's kept counts in dynamic smem, rounded up to 4 ints (the rank loop reads kept_s 16
+// bytes at a time, its tail included); JFM_BWD_DET_ORDER_WINDOW=W overrides the window (a multiple
+// of 4; timing experiments, read once).
+size_t det_order_smem(int nblk) {
+  return nblk <= kDetPermMaxBlocks ? sizeof(int) * (size_t)((nblk + 3) / 4 * 4) : 0;
+}
+int det_order_window() {
+  static const int env_window = [] {
+    const char* s = std::getenv("JFM_BWD_DET_ORDER_WINDOW");
+    const int w = s ? std::atoi(s) : 0;
+    return w > 0 && w % 4 == 0 ? w : 0;
+  }();
+  return env_window > 0 ? env_window : kDetOrderWindow;
 }
 
 }  // namespace
@@ -543,17 +598,17 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                  int mblk, int Sq, int pairs, int max_group, bool perm,
                                  cudaStream_t stream) {
-  // rounded up to 4 ints: the rank loop reads kept_s 16 bytes at a time, its tail included
-  const size_t smem = perm && nblk <= kDetPermMaxBlocks ? sizeof(int) * (size_t)((nblk + 3) / 4 * 4) : 0;
-  // JFM_BWD_DET_ORDER_WINDOW=W overrides the window (multiple of 4; timing experiments, read once)
-  static const int env_window = [] {
-    const char* s = std::getenv("JFM_BWD_DET_ORDER_WINDOW");
-    const int w = s ? std::atoi(s) : 0;
-    return w > 0 && w % 4 == 0 ? w : 0;
-  }();
-  bwd_det_group80_kernel<<<1, kDetGroupThreads, smem, stream>>>(
-      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0,
-      env_window > 0 ? env_window : kDetOrderWindow);
+  bwd_det_group80_kernel<<<1, kDetGroupThreads, perm ? det_order_smem(nblk) : 0, stream>>>(
+      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0, det_order_window());
+  return cudaGetLastError();
+}
+
+cudaError_t bwd_det_order_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
+                               int mblk, int Sq, int rows, cudaStream_t stream) {
+  auto kernel = rows == 128 ? &bwd_det_order_kernel<128> : rows == 64 ? &bwd_det_order_kernel<64> : nullptr;
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  kernel<<<1, kDetGroupThreads, det_order_smem(nblk), stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
+                                                                det_order_window());
   return cudaGetLastError();
 }
 

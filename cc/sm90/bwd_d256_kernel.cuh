@@ -124,8 +124,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
   const int hk = blockIdx.y, b = blockIdx.z;
+  // deterministic mode: the key block at launch position blockIdx.x, ordering slot nblk - 1 - x
+  const int slot = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  const int n = a.deterministic ? bwd_det_key_block(a, b, hk, (int)blockIdx.x) : slot;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
 
@@ -201,10 +203,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         while (have) {
           const int h = hk * a.heads_per_kv + g;
           const int64_t base = bwd_sem_word(a, b, h, m);
-          const uint32_t first = a.deterministic ? bwd_order_first(a, base, n, lane) : 0u;
+          const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
           float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
           Barrier::wait(&ss.dq_full[stage], phase);
-          if (a.deterministic) bwd_wait_order(a, base, n, lane, first);
+          if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
           if (lane == 0) {
             const float* src0 = reinterpret_cast<const float*>(ss.q.begin() + stage * T::kStageElems);
             const float* src1 = reinterpret_cast<const float*>(ss.dO.begin() + stage * T::kStageElems);
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                   : "memory");
             asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             // frees the stage (the producer may refill it) before the ordering bit's release
-            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic,
+            bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
                                  &ss.empty[stage]);
           }
           __syncwarp();
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
     } else if (warp == 2) {
-      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, n, lane);
+      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
     }
     return;
   }
@@ -521,6 +523,20 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   auto tma_q = std::get<0>(tmas), tma_do = std::get<1>(tmas);
   auto tma_k = std::get<2>(tmas), tma_v = std::get<3>(tmas);
   BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
+  if (p.deterministic) {
+    // variant 21's key-block order where the tails are inverted (bwd_det_order_sm90 at 64-row
+    // tiles; causal blockwise 0.65 of the default mode at 32K without it); the metadata workspace
+    // then holds the scheduler area and the orders after the block metadata (bwd_meta_layout)
+    const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
+    if (p.meta_capacity < ml.zero_count) {
+      if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
+      return cudaErrorInvalidValue;
+    }
+    a.det_perm = 1;
+    a.sched = p.meta + ml.sched;
+    e = bwd_det_order_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, Bm, stream);
+    if (e != cudaSuccess) return e;
+  }
 
   auto kernel = &flashmask_bwd_d256_kernel<T, decltype(tma_q), decltype(tma_k)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

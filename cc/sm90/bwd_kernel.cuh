@@ -779,9 +779,22 @@ __device__ __forceinline__ void bwd_rows_to_global(Elem* g, const Elem* stage, i
   }
 }
 
+// Deterministic mode: the key block at launch position r of pair (hk, b), whose ordering slot is
+// nblk - 1 - r: the pre-pass's order when the launcher asked for it (BwdArgs::det_perm; variants
+// 21, 7, 11 and the d = 256 kernel) and the pre-pass took it (sched[2]: inverted tails), else the
+// descending key block nblk - 1 - r. A CTA waits only for the slots above its own, i.e. for
+// positions launched before it, so any order is deadlock-free.
+__device__ __forceinline__ int bwd_det_key_block(const BwdArgs& a, int b, int hk, int r) {
+  if (a.det_perm && __ldg(a.sched + 2)) {
+    const int hm = hk * a.heads_per_kv / a.heads_per_mask;
+    return __ldg(a.sched + 4 + a.nblk + ((int64_t)b * a.Hm + hm) * a.nblk + r);
+  }
+  return a.nblk - 1 - r;
+}
+
 // (key block, kv head, batch, ordering slot) of this CTA of flashmask_bwd_pp_kernel; variant 14
-// in deterministic mode: the interleaved 1-D launch order of BwdDetGroups (variant 21: the
-// pre-pass's key-block order at each launch position).
+// in deterministic mode: the interleaved 1-D launch order of BwdDetGroups; the other variants in
+// deterministic mode: launch position blockIdx.x (bwd_det_key_block).
 template <class T>
 __device__ __forceinline__ int4 bwd_pp_item(const BwdArgs& a) {
   if constexpr (T::kDetGroups) {
@@ -798,18 +811,12 @@ __device__ __forceinline__ int4 bwd_pp_item(const BwdArgs& a) {
       const int p0 = grp * G, gs = min(G, pairs - p0);
       const int pr = p0 + r % gs;
       const int hk = pr % a.K, b = pr / a.K, slot = a.nblk - 1 - r / gs;
-      int n = slot;
-      if constexpr (T::kDetAuto) {
-        if (a.det_perm && __ldg(a.sched + 2)) {
-          const int hm = hk * a.heads_per_kv / a.heads_per_mask;
-          n = __ldg(a.sched + 4 + a.nblk + ((int64_t)b * a.Hm + hm) * a.nblk + r / gs);
-        }
-      }
-      return make_int4(n, hk, b, slot);
+      return make_int4(bwd_det_key_block(a, b, hk, r / gs), hk, b, slot);
     }
   }
-  const int n = a.deterministic ? a.nblk - 1 - (int)blockIdx.x : (int)blockIdx.x;
-  return make_int4(n, (int)blockIdx.y, (int)blockIdx.z, n);
+  const int hk = (int)blockIdx.y, b = (int)blockIdx.z, r = (int)blockIdx.x;
+  if (a.deterministic) return make_int4(bwd_det_key_block(a, b, hk, r), hk, b, a.nblk - 1 - r);
+  return make_int4(r, hk, b, r);
 }
 
 template <class T, class TmaQ, class TmaK>
@@ -2057,6 +2064,20 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
           if (e != cudaSuccess) return e;
         }
       }
+    }
+  }
+  if constexpr (!T::kDetGroups && !T::kPersist && T::Bm == 128) {
+    // variants 7 / 11 (d = 64), deterministic: variant 21's key-block order where the tails are
+    // inverted (bwd_det_order_sm90; causal blockwise 0.61 of the default mode at 32K without it)
+    if (p.deterministic) {
+      if (p.meta_capacity < ml.zero_count) {
+        if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
+        return cudaErrorInvalidValue;
+      }
+      a.det_perm = 1;
+      a.sched = p.meta + ml.sched;
+      e = bwd_det_order_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, T::Bm, stream);
+      if (e != cudaSuccess) return e;
     }
   }
   if constexpr (T::kPersist) {

@@ -48,5 +48,12 @@ cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int H
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                  int mblk, int Sq, int pairs, int max_group, bool perm,
                                  cudaStream_t stream);
+// Deterministic mode of the kernels launched (nblk, K, B) -- variants 7 / 11 (rows = 128) and the
+// d = 256 kernel (rows = 64): variant 21's key-block order at `rows`-row query tiles where the
+// tails are inverted (the rule of bwd_det_group80_sm90 without the launch groups): sched[2] = 1
+// and the order of each (batch, mask head) at sched[4 + nblk + (b * Hm + hm) * nblk + i]; else
+// sched[2] = 0 (descending key block). The metadata workspace as for variant 21.
+cudaError_t bwd_det_order_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
+                               int mblk, int Sq, int rows, cudaStream_t stream);
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream);
 }  // namespace jfm::sm90
