@@ -49,7 +49,8 @@ def small_cases(variants=None):
     variants: kernel variants to run (default: all compiled; d=256: the first one only, one kernel
     for every variant number; variants 7 and 11: the d=64 cases only, incl. a bf16 GQA case with
     three 128-row query tiles, the last one partial), then a deterministic causal_blockwise launch
-    (B = 2, S = 1200, GQA 4 / 2) of the 80-row variants, which variant 21 reorders."""
+    (B = 2, S = 1200, GQA 4 / 2) that the deterministic pre-passes reorder: of the 80-row variants
+    (variant 21) at d = 128, of variants 7 / 11 at d = 64 and of the d = 256 kernel."""
     import numpy as np
     rng = np.random.default_rng(0)
     rows128 = tuple(getattr(_cuda, "BWD_ROWS128_VARIANTS", (getattr(_cuda, "BWD_ROWS128_VARIANT", None),)))
@@ -83,21 +84,25 @@ def small_cases(variants=None):
                                                dq_mode=mode, deterministic=det, variant=variant,
                                                sm_margin=margin))
     print("sanitize case done", flush=True)
-    # a causal_blockwise launch that variant 21's pre-pass reorders (deterministic, 80-row variants)
+    # a causal_blockwise launch that the deterministic pre-passes reorder: variant 21's (80-row
+    # variants, d = 128), bwd_det_order_sm90's (variants 7 / 11 at d = 64, the d = 256 kernel)
     from jax_flashmask import masks
     rows80 = tuple(getattr(_cuda, "BWD_ROWS80_VARIANTS", ()))
-    vs = [x for x in (variants or getattr(_cuda, "BWD_VARIANTS", ())) if x in rows80]
-    if vs:
-        B, S, N, K = 2, 1200, 4, 2
-        m = masks.benchmark_suite(S, 0, batch=B)["causal_blockwise"]
-        b = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)  # [B, 1, 4, S]
-        q = jnp.asarray(rng.standard_normal((B, S, N, 128)), jnp.bfloat16)
-        k = jnp.asarray(rng.standard_normal((B, S, K, 128)), jnp.bfloat16)
+    chosen = variants or getattr(_cuda, "BWD_VARIANTS", ())
+    B, S, N, K = 2, 1200, 4, 2
+    m = masks.benchmark_suite(S, 0, batch=B)["causal_blockwise"]
+    b = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)  # [B, 1, 4, S]
+    for d, vs in ((128, [x for x in chosen if x in rows80]), (64, [x for x in chosen if x in rows128]),
+                  (256, list(chosen[:1]))):
+        if not vs:
+            continue
+        q = jnp.asarray(rng.standard_normal((B, S, N, d)), jnp.bfloat16)
+        k = jnp.asarray(rng.standard_normal((B, S, K, d)), jnp.bfloat16)
         out, lse = _cuda.forward(q, k, k, b, scale=0.1)
         for variant in vs:
             jax.block_until_ready(_bwd(q, k, k, b, out, lse, q, None, scale=0.1,
                                        deterministic=True, variant=variant))
-        print("sanitize case done (causal_blockwise, deterministic)", flush=True)
+    print("sanitize case done (causal_blockwise, deterministic)", flush=True)
 
 
 def _compare(first, tag, det, g):

@@ -1690,6 +1690,50 @@ def test_det_order80_large_repeatable():
                    np.asarray(r16[0].astype(jnp.float32), np.float64)) < 1e-3
 
 
+# ----------------------------------------------------- the deterministic order at d = 64 / 256
+
+
+def _host_reorders(b, Sq, N, K, d):
+    """Whether bwd_det_order_sm90 reorders this deterministic launch at head dim d: variants 7 / 11
+    at d = 64 (128-row tiles, 128-key blocks), the d = 256 kernel (64 / 64); host twin
+    bwd_det_protocol.Problem.order21 (variant 21's rule, without its launch groups)."""
+    Bm, Bn = (128, 128) if d == 64 else (64, 64)
+    return _protocol().Problem(np.asarray(b), Sq, N, K, Bm=Bm, Bn=Bn).order21() is not None
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("case", ["blockwise", "blockwise_heads", "document", "causal"])
+def test_det_order_d64_d256(case, d):
+    """At d = 64 (the default variant) and d = 256 the deterministic mode launches each pair's key
+    blocks in variant 21's order where the tails are inverted (causal blockwise; blockwise_heads:
+    other documents per query head, GQA 4 / 2, ragged S, the order from a pair's first head) and
+    descending elsewhere (document, causal). Either way: dQ / dK / dV against the float64
+    reference, three runs bitwise equal, dK / dV bitwise the default mode's (the same walk and
+    products: only the dQ summation order moves). The blockwise cases must reorder, the others not."""
+    _need(jnp.bfloat16, d)
+    seed = _seed()
+    rng = np.random.default_rng(seed)
+    if case == "blockwise_heads":
+        B, S, N, K = 2, 2999, 4, 2
+        b = _blockwise_per_head(B, N, S, rng)
+    else:
+        B, S, N, K = 2, 3000, 4, 2
+        name = "causal_blockwise" if case == "blockwise" else case
+        b = np.broadcast_to(_suite(S, 0, B)[name], (B, 1, 4, S)).copy()
+    assert _host_reorders(b, S, N, K, d) == case.startswith("blockwise"), case
+    q, k, v, do = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
+    det = jax.jit(lambda *a: _bwd(*a, scale=d ** -0.5, deterministic=True))
+    first = _check(q, k, v, do, b, seed=f"{seed} {case}", rng=np.random.default_rng(seed), fn=det)
+    bj = jnp.asarray(b)
+    out, lse = _cuda.forward(q, k, v, bj, scale=d ** -0.5)
+    runs = [det(q, k, v, bj, out, lse, do, None) for _ in range(3)]
+    for r in runs[1:]:
+        _assert_same_bits(runs[0], r, f"seed={seed} case={case} d={d}")
+    default = _bwd(q, k, v, bj, out, lse, do, None, scale=d ** -0.5)
+    _assert_equal(default[1], runs[0][1], f"dk det vs default, case={case} d={d}")
+    _assert_equal(default[2], runs[0][2], f"dv det vs default, case={case} d={d}")
+
+
 # --------------------------------------------------------------------------- walk modes (16 / 19 / 21)
 
 
