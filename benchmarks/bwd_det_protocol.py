@@ -89,11 +89,14 @@ CONFIGS = {
     "v19": (19, "v5", False, True),
     # variant 21: 19 with the pre-pass's key-block order (launch + summation) on inverted tails
     "v21": (21, "v5", False, True),
+    # variant 11 (d = 64): 5 with 128-row tiles (and the element mask in registers) whose
+    # (nblk, K, B) launch takes 21's order on inverted tails (bwd_det_order_sm90, session 25)
+    "v11": (11, "v5", False, False),
 }
-CONFIG_BM = {"v16": 80, "v19": 80, "v21": 80}  # query tile rows (others: BM)
+CONFIG_BM = {"v16": 80, "v19": 80, "v21": 80, "v11": 128}  # query tile rows (others: BM)
 CONFIG_DQBUFS = {"v16": 1, "v19": 1, "v21": 1}  # fp32 dQ smem buffers (others: 2)
 # the kernels as they are (the protocol check runs these in every mode)
-KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19", "v21")
+KERNEL_CONFIGS = ("v5", "v14", "v15", "v13", "v17", "v16", "v19", "v21", "v11")
 
 
 class MBar:
@@ -270,12 +273,18 @@ def grid_slots(P: Problem, variant: int, det: bool, G: int | None = None):
                 n = order[(b, hk * P.hpk // P.hpm)][P.nblk - 1 - slot]
             out.append((n, hk, b, slot))
         return out
+    # variants 7 / 11 in deterministic mode: launch position x of a pair holds slot nblk - 1 - x
+    # and the key block at position x of 21's order where it applies (bwd_det_key_block)
+    order = P.order21() if variant in (7, 11) and det else None
     out = []
     for z in range(P.B):
         for y in range(P.K):
             for x in range(P.nblk):
-                n = P.nblk - 1 - x if det else x
-                out.append((n, y, z, n))
+                if not det:
+                    out.append((x, y, z, x))
+                    continue
+                n = order[(z, y * P.hpk // P.hpm)][x] if order is not None else P.nblk - 1 - x
+                out.append((n, y, z, P.nblk - 1 - x))
     return out
 
 

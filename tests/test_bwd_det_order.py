@@ -333,6 +333,42 @@ def test_v21_summing_in_key_block_order_is_a_residency_deadlock():
     assert not r["ok"] and r["kind"] == "residency", r
 
 
+# ------------------------------------------------------------------------- variants 7 / 11 (d = 64)
+# Since session 25 the (nblk, K, B) launch of variants 7 / 11 takes variant 21's order at 128-row
+# tiles in deterministic mode where the tails are inverted (bwd_det_order_sm90; bwd_det_key_block):
+# launch position x of a pair holds slot nblk - 1 - x.
+
+
+@pytest.mark.parametrize("resident", [1, 2, 132])
+def test_v11_order_never_deadlocks(resident):
+    """Variant 11 (d = 64, 128-row tiles) in deterministic mode ends on every case with one, two or
+    132 resident CTAs, and on the blockwise launch, which its order permutes (not descending), with
+    every higher slot of a pair at a lower grid position."""
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=128)
+    order = P.order21()
+    assert order is not None
+    assert all(sorted(o) == list(range(P.nblk)) and o != list(range(P.nblk - 1, -1, -1))
+               for o in order.values())
+    slots = proto.grid_slots(P, 11, True)
+    pos = {(s, hk, bb): x for x, (n, hk, bb, s) in enumerate(slots)}
+    assert len(pos) == len(slots) == P.nblk * P.K * P.B
+    assert all(pos[(s + 1, hk, bb)] < x for (s, hk, bb), x in pos.items() if s + 1 < P.nblk)
+    for name, (b2, Sq2, N2, K2) in list(CASES.items()) + [("blockwise", BLOCKWISE)]:
+        r = proto.simulate(b2, Sq2, N2, K2, "v11", True, 1, resident)
+        assert r["ok"], (name, resident, r.get("blocked", [])[:3])
+
+
+def test_v11_summing_in_key_block_order_is_a_residency_deadlock():
+    """Mutation: variant 11's reordered launch with the summation order of the key block (slot =
+    n) deadlocks at one resident CTA on the blockwise launch."""
+    b, Sq, N, K = BLOCKWISE
+    P = proto.Problem(b, Sq, N, K, Bm=128)
+    items = proto.grid_items(P, 11, True)
+    r = proto.Sim(P, "v11", True, 1, 1, items=items).run()
+    assert not r["ok"] and r["kind"] == "residency", r
+
+
 def test_kernel_source_has_variant21():
     """The kernel as simulated: the launch position -> key block through the pre-pass's order only
     when det_perm and sched[2] are set, the writer and the skipped-tile marks on the slot, the
