@@ -524,17 +524,7 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   auto tma_k = std::get<2>(tmas), tma_v = std::get<3>(tmas);
   BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
   if (p.deterministic) {
-    // variant 21's key-block order where the tails are inverted (bwd_det_order_sm90 at 64-row
-    // tiles; causal blockwise 0.65 of the default mode at 32K without it); the metadata workspace
-    // then holds the scheduler area and the orders after the block metadata (bwd_meta_layout)
-    const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
-    if (p.meta_capacity < ml.zero_count) {
-      if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
-      return cudaErrorInvalidValue;
-    }
-    a.det_perm = 1;
-    a.sched = p.meta + ml.sched;
-    e = bwd_det_order_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, Bm, stream);
+    e = bwd_launch_det_order(p, a, nblk, mblk, Bm, stream, err);
     if (e != cudaSuccess) return e;
   }
 

@@ -1924,6 +1924,23 @@ inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
   return l;
 }
 
+// Deterministic mode of the kernels launched (nblk, K, B) at `rows`-row tiles (variants 7 / 11,
+// the d = 256 kernel): variant 21's key-block order where the tails are inverted
+// (bwd_det_order_sm90; causal blockwise 0.61 / 0.65 of the default mode at 32K, d = 64 / 256,
+// without it). Sets a.det_perm and a.sched (the scheduler area and the orders after the block
+// metadata) and runs the pre-pass on `stream`.
+inline cudaError_t bwd_launch_det_order(const BwdParams& p, BwdArgs& a, int nblk, int mblk, int rows,
+                                        cudaStream_t stream, const char** err) {
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
+  if (p.meta_capacity < ml.zero_count) {
+    if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
+    return cudaErrorInvalidValue;
+  }
+  a.det_perm = 1;
+  a.sched = p.meta + ml.sched;
+  return bwd_det_order_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, rows, stream);
+}
+
 // Attribute `attr` of the current device; `fallback` when the query fails or gives no positive value.
 inline int bwd_device_attr(cudaDeviceAttr attr, int fallback) {
   int dev = 0, v = 0;
@@ -2066,17 +2083,9 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
       }
     }
   }
-  if constexpr (!T::kDetGroups && !T::kPersist && T::Bm == 128) {
-    // variants 7 / 11 (d = 64), deterministic: variant 21's key-block order where the tails are
-    // inverted (bwd_det_order_sm90; causal blockwise 0.61 of the default mode at 32K without it)
+  if constexpr (!T::kDetGroups && !T::kPersist && T::Bm == 128) {  // variants 7 / 11 (d = 64)
     if (p.deterministic) {
-      if (p.meta_capacity < ml.zero_count) {
-        if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
-        return cudaErrorInvalidValue;
-      }
-      a.det_perm = 1;
-      a.sched = p.meta + ml.sched;
-      e = bwd_det_order_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, T::Bm, stream);
+      e = bwd_launch_det_order(p, a, nblk, mblk, T::Bm, stream, err);
       if (e != cudaSuccess) return e;
     }
   }
