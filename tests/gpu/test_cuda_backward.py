@@ -1589,10 +1589,13 @@ def _need_det_order80():
     _need_d128_variants(DET_ORDER80, 19)
 
 
-def _host_reorders21(b, Sq, N, K):
-    """Whether variant 21's pre-pass reorders the key blocks of this launch (host twin:
-    bwd_det_protocol.Problem.order21, the inverted-tails branch of variant 19's rule)."""
-    return _protocol().Problem(np.asarray(b), Sq, N, K, Bm=80).order21() is not None
+def _host_reorders(b, Sq, N, K, d=128):
+    """Whether the deterministic pre-pass reorders the key blocks of this launch at head dim d
+    (host twin: bwd_det_protocol.Problem.order21, the inverted-tails branch of variant 19's rule)
+    at the tiles of d's deterministic default: variant 21 at d = 128 (80-row tiles, 128-key
+    blocks), variants 7 / 11 at d = 64 (128 / 128), the d = 256 kernel (64 / 64)."""
+    Bm, Bn = {128: (80, 128), 64: (128, 128), 256: (64, 64)}[d]
+    return _protocol().Problem(np.asarray(b), Sq, N, K, Bm=Bm, Bn=Bn).order21() is not None
 
 
 def _blockwise_per_head(B, N, S, rng):
@@ -1645,7 +1648,7 @@ def test_det_order80_against_variant19(case):
     B, Sq, Sk, N, K = dims
     _, per_mask = _per_mask_args(rng, dims, bs, 128)
     det = jax.jit(lambda *a: _bwd(*a, scale=0.1, deterministic=True, variant=DET_ORDER80))
-    reordered = [_host_reorders21(b, Sq, N, K) for b in bs]
+    reordered = [_host_reorders(b, Sq, N, K) for b in bs]
     if case in ("groups", "blockwise_heads", "blockwise_many"):
         assert any(reordered), case
     for i, args in enumerate(per_mask):
@@ -1680,7 +1683,7 @@ def test_det_order80_large_repeatable():
     16's, dQ within 1e-3 of 16's."""
     _need_det_order80()
     b, dims = _large_det_case("causal_blockwise")
-    assert _host_reorders21(b, *dims)
+    assert _host_reorders(b, *dims)
     rs, r16 = _large_det_runs(b, dims, DET_ORDER80)
     for r in rs[1:]:
         _assert_same_bits(rs[0], r, "variant 21 large causal_blockwise")
@@ -1691,14 +1694,6 @@ def test_det_order80_large_repeatable():
 
 
 # ----------------------------------------------------- the deterministic order at d = 64 / 256
-
-
-def _host_reorders(b, Sq, N, K, d):
-    """Whether bwd_det_order_sm90 reorders this deterministic launch at head dim d: variants 7 / 11
-    at d = 64 (128-row tiles, 128-key blocks), the d = 256 kernel (64 / 64); host twin
-    bwd_det_protocol.Problem.order21 (variant 21's rule, without its launch groups)."""
-    Bm, Bn = (128, 128) if d == 64 else (64, 64)
-    return _protocol().Problem(np.asarray(b), Sq, N, K, Bm=Bm, Bn=Bn).order21() is not None
 
 
 @pytest.mark.parametrize("d", [64, 256])
