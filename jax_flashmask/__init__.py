@@ -6,7 +6,7 @@ masked tiles, and runs on Hopper kernels (``implementation="cuda"``) or a portab
 """
 
 from . import masks
-from .attention import attention
+from ._api import attention
 from .masks import FlashMask
 
 __version__ = "0.1.0"

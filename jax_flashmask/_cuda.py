@@ -16,7 +16,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from . import _xla
+from .backends import portable as _xla
 
 __all__ = ["is_available", "unavailable_reason", "check_supported", "forward", "FWD_TARGET",
            "backward", "check_supported_backward", "BWD_TARGET"]

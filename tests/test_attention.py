@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jax_flashmask as jf
-from jax_flashmask import _xla, masks
-from jax_flashmask.attention import RESIDUAL_NAMES
+from jax_flashmask import backends, masks
+from jax_flashmask._api import RESIDUAL_NAMES
+from jax_flashmask.backends import portable as _xla
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2, jnp.float16: 2e-3}  # relative, measured ~4e-7 / 2.5e-3 / 3e-4
 
@@ -237,8 +238,7 @@ def test_residuals_are_named_for_remat():
 
 
 def test_cuda_request_without_gpu_is_clear():
-    att = sys.modules["jax_flashmask.attention"]  # the module, not the function of that name
-    if att._cuda_unavailable_reason(None) is None:
+    if backends.cuda_unavailable_reason() is None:
         pytest.skip("the CUDA path is available here")
     q, k, v = make_qkv(np.random.default_rng(), 1, 8, 8, 1, 1, 8, jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="implementation='cuda' is not available"):
@@ -287,10 +287,7 @@ def test_cuda_unsupported_options_are_named():
 def test_cuda_kernel_variant_resolution():
     """Which Hopper kernel variant variant=None picks, and the ValueError for a removed or unknown
     one (pure Python: no extension or GPU needed)."""
-    att = sys.modules["jax_flashmask.attention"]
-    if att._cuda is None:
-        pytest.skip("jax_flashmask._cuda not importable")
-    _cuda = att._cuda
+    _cuda = backends.cuda
     assert _cuda.resolve_bwd_variant(None, 64) == 11  # 128-row query tiles, mask in registers
     assert _cuda.resolve_bwd_variant(None, 128) == 16  # 13 with 80-row query tiles
     assert _cuda.resolve_bwd_variant(None, 256) == 5  # (d = 256: one kernel for every number)
@@ -503,9 +500,7 @@ def test_sm_margin_must_be_a_nonnegative_int():
 
 def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
     """No GPU needed: stand-ins for the two Hopper kernels record what attention passes them."""
-    att = sys.modules["jax_flashmask.attention"]
-    if att._cuda is None:
-        pytest.skip("jax_flashmask._cuda not importable")
+    att = sys.modules["jax_flashmask._api"]
     seen = []
 
     def fwd(q, k, v, bounds, *, scale, sm_margin=0, structure="general"):
@@ -516,8 +511,8 @@ def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
         seen.append(("bwd", sm_margin))
         return _xla.backward(*a, **kw)
 
-    monkeypatch.setattr(att._cuda, "forward", fwd)
-    monkeypatch.setattr(att._cuda, "backward", bwd)
+    monkeypatch.setattr(backends.cuda, "forward", fwd)
+    monkeypatch.setattr(backends.cuda, "backward", bwd)
     q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
     jax.grad(lambda q: jnp.sum(att._flash(q, k, v, att.unmasked_bounds(1, 16, causal=True, q_len=16),
                                           0.3, "cuda", False, 8, "causal")[0]))(q)
@@ -525,7 +520,7 @@ def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
 
 
 def test_deterministic_reaches_the_backward(monkeypatch):
-    xla = sys.modules["jax_flashmask._xla"]
+    xla = _xla
     seen = []
     real = xla.backward
 

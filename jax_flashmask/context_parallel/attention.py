@@ -47,7 +47,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import backends
+from .._api import attention as _library_attention
 from ..masks import FlashMask, canonical_bounds, unmasked_bounds
+from . import pieces as pieces_mod
+from ._vma import axis_size as _axis_size, match_vma as _match_vma, shard_map
 from .comm import Schedule, make_schedule
 from .localize import (
     bounds_to_indices,
@@ -59,53 +63,11 @@ from .localize import (
 
 __all__ = ["context_parallel_attention", "local_context_parallel_attention", "shard_map"]
 
-try:  # jax >= 0.6
-    shard_map = jax.shard_map
-except AttributeError:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map  # type: ignore
-
 PartitionSpec = jax.sharding.PartitionSpec
-
-
-def _default_attention():
-    import importlib
-
-    mod = importlib.import_module("jax_flashmask.attention")
-    return mod.attention
 
 
 def _axis_tuple(axis_name):
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
-
-def _axis_size(name):
-    try:
-        return int(lax.axis_size(name))
-    except Exception:  # pragma: no cover
-        return int(lax.psum(1, name))
-
-
-def _match_vma(x, *refs):
-    """Make `x` varying over every manual mesh axis any of `refs` varies over (needed for the
-    branches of ``lax.cond`` and scan carries inside a ``shard_map`` with ``check_vma=True``)."""
-    want = set()
-    for r in refs:
-        want |= _vma(r)
-    missing = tuple(sorted(want - _vma(x), key=str))
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
-def _vma(x) -> set:
-    """The manual mesh axes `x` varies over (empty outside shard_map / with check_vma=False)."""
-    try:
-        t = jax.typeof(x)
-    except AttributeError:  # pragma: no cover - very old jax
-        return set()
-    v = getattr(t, "vma", None)
-    if v is None:
-        mat = getattr(t, "manual_axis_type", None)
-        v = getattr(mat, "varying", None) if mat is not None else None
-    return set(v or ())
 
 
 def _merge(acc, new):
@@ -166,7 +128,7 @@ def local_context_parallel_attention(
     ``comm="hierarchical"`` the tuple is ``(slow, fast)``).
     Returns out ``[B, m*C, N, d]`` (and lse f32 ``[B, m*C, N]`` with `return_residual`).
     """
-    attn = attention_fn or _default_attention()
+    attn = attention_fn or _library_attention
     extra = dict(attention_kwargs or {})
     if isinstance(mask, FlashMask):
         causal, mask = mask.causal, mask.startend_row_indices
@@ -202,11 +164,7 @@ def local_context_parallel_attention(
                          "with a schedule (make_schedule)")
     fused = None
     if piece_vjp and attention_fn is None and set(extra) <= {"sm_margin", "deterministic"}:
-        import importlib
-
-        attention_mod = importlib.import_module("jax_flashmask.attention")
-
-        fused = dict(implementation=attention_mod._choose(implementation, query), scale=scale,
+        fused = dict(implementation=backends.choose(implementation, query), scale=scale,
                      head_dim=d, deterministic=bool(extra.get("deterministic", False)),
                      base_margin=int(extra.get("sm_margin", 0)), overlap_margin=overlap_sm_margin,
                      hints=hint_dirs)
@@ -324,8 +282,6 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
     merged with the autodiff lse rule. ``single_call=True``: the pieces are concatenated and
     attended in one call (a pruned all-gather: fewer, larger kernels, no overlap).
     """
-    from . import pieces as pieces_mod
-
     b, lq, _, _ = q.shape
     m = sched.m
     kv_local = jnp.stack([k, v])  # [2, B, m*C, K, d]

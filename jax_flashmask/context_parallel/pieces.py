@@ -42,6 +42,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import backends
+from ._vma import match_vma
+
 __all__ = ["PieceConfig", "piece_attention", "hinted_ppermute", "scheduling_group"]
 
 
@@ -69,22 +72,14 @@ def scheduling_group(group):
     return set_xla_metadata(_scheduling_group_id=str(group))
 
 
-def _match(x, *refs):
-    from .attention import _match_vma  # the shared helper (vma across jax versions)
-
-    return _match_vma(x, *refs)
+_match = match_vma
 
 
 def _kernels(cfg: PieceConfig, margin: int):
-    import importlib
-
-    attention_mod = importlib.import_module("jax_flashmask.attention")
-    fwd, bwd = attention_mod._kernels(cfg.implementation, int(margin))
+    fwd, bwd = backends.kernels(cfg.implementation, int(margin))
     if cfg.implementation == "reference":
         # its backward re-derives its own statistics; the portable one takes the given (out, lse)
-        from .. import _xla
-
-        bwd = _xla.backward
+        bwd = backends.portable.backward
     return fwd, bwd
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .._api import attention
 from ..masks import FlashMask
 
 __all__ = [
@@ -128,7 +129,7 @@ def multihead_attention(
     `jax_flashmask.context_parallel.context_parallel_attention` with its plan and mesh.
     """
     if attention_fn is None:
-        from .. import attention as attention_fn  # late: the top-level package imports nn lazily
+        attention_fn = attention
 
     if rope:
         if kv_positions is None and positions is not None and k.shape[-3] == q.shape[-3]:

@@ -1,8 +1,8 @@
 """`attention`: the public entry point — argument checks, dispatch, and the custom VJP.
 
 Data path: mask vectors -> canonical bounds (`masks.canonical_bounds`) -> block metadata and tile
-classes (`_blocks`) -> a kernel (`_cuda` on Hopper, `_xla` anywhere, `_reference` for tests) ->
-`jax.custom_vjp` whose residuals are (q, k, v, out, lse).
+classes (`_blocks`) -> an implementation (`backends`: Hopper kernels, portable blocked JAX, dense
+reference) -> `jax.custom_vjp` whose residuals are (q, k, v, out, lse).
 """
 
 from __future__ import annotations
@@ -15,15 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from . import _reference, _xla
+from . import backends
 from .masks import FlashMask, canonical_bounds, unmasked_bounds, validate
 
-try:  # the Hopper path; its module imports without the compiled extension
-    from . import _cuda
-except ImportError:  # pragma: no cover - only while the kernel module is absent
-    _cuda = None
-
-IMPLEMENTATIONS = (None, "cuda", "xla", "reference")
+IMPLEMENTATIONS = backends.IMPLEMENTATIONS
 _FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 RESIDUAL_NAMES = ("flashmask_q", "flashmask_k", "flashmask_v", "flashmask_out", "flashmask_lse")
 
@@ -60,66 +55,14 @@ def _check_inputs(query, key, value, scale, implementation):
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
 
 
-def _cuda_unavailable_reason(query) -> str | None:
-    if _cuda is None:
-        return "the CUDA module is not part of this build"
-    if not _cuda.is_available():
-        return _cuda.unavailable_reason()
-    return None
-
-
-def _choose(implementation, query):
-    if implementation is not None:
-        if implementation == "cuda":
-            reason = _cuda_unavailable_reason(query)
-            if reason is not None:
-                raise NotImplementedError(
-                    f"implementation='cuda' is not available: {reason}. "
-                    "Use implementation='xla' (portable) or None (best available)."
-                )
-            _cuda.check_supported(query.shape, query.dtype, query.shape[-1])
-        return implementation
-    if _cuda_unavailable_reason(query) is None:
-        try:
-            _cuda.check_supported(query.shape, query.dtype, query.shape[-1])
-            return "cuda"
-        except (NotImplementedError, ValueError):
-            pass
-    return "xla"
-
-
-def _kernels(implementation: str, sm_margin: int = 0, structure: str = "general"):
-    """(forward, backward) for an implementation. Every backward takes `deterministic=`;
-    `sm_margin` and `structure` (the Hopper forward's default variant: "full" / "causal" when no
-    mask vectors were given) only mean something to the Hopper kernels."""
-    if implementation == "reference":
-        return _reference_forward, _reference_backward
-    if implementation == "cuda":
-        return (functools.partial(_cuda.forward, sm_margin=sm_margin, structure=structure),
-                functools.partial(_cuda.backward, sm_margin=sm_margin))
-    return _xla.forward, _xla.backward
-
-
-def _reference_forward(q, k, v, bounds, *, scale):
-    return _reference.attention(q, k, v, bounds, scale=scale)
-
-
-def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
-    # Dense autodiff: einsums, row sums and a repeat's transpose (a sum): no unordered reduction.
-    del deterministic
-    f = lambda q, k, v: _reference.attention(q, k, v, bounds, scale=scale)  # noqa: E731
-    _, vjp = jax.vjp(f, q, k, v)
-    return vjp((dout, dlse))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
 def _flash(q, k, v, bounds, scale, implementation, deterministic, sm_margin, structure):
-    fwd, _ = _kernels(implementation, sm_margin, structure)
+    fwd, _ = backends.kernels(implementation, sm_margin, structure)
     return fwd(q, k, v, bounds, scale=scale)
 
 
 def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic, sm_margin, structure):
-    fwd, _ = _kernels(implementation, sm_margin, structure)
+    fwd, _ = backends.kernels(implementation, sm_margin, structure)
     out, lse = fwd(q, k, v, bounds, scale=scale)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
@@ -128,7 +71,7 @@ def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic, sm_margin,
 def _flash_bwd(scale, implementation, deterministic, sm_margin, structure, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
-    _, bwd = _kernels(implementation, sm_margin)
+    _, bwd = backends.kernels(implementation, sm_margin)
     dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
                      deterministic=deterministic)
     return dq, dk, dv, None
@@ -197,7 +140,7 @@ def attention(
                  num_heads=n, num_kv_heads=kh)
         bounds = canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
         bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
-    implementation = _choose(implementation, query)
+    implementation = backends.choose(implementation, query)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic, int(sm_margin),
                       structure)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .masks import dense_from_bounds
+from ..masks import dense_from_bounds
 
 
 def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32):

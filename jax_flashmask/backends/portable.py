@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _blocks
+from .. import _blocks
 
 DEFAULT_BLOCK = 128
 

@@ -1,0 +1,84 @@
+"""The implementations behind `jax_flashmask.attention`, and the choice between them.
+
+Every implementation is a pair of functions with one signature:
+
+* ``forward(q, k, v, bounds, *, scale) -> (out, lse)``
+* ``backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic) -> (dq, dk, dv)``
+
+with ``bounds`` the canonical ``[B, Hm, 4, Sk]`` vectors (`jax_flashmask.masks.canonical_bounds`).
+
+* ``"reference"`` (`reference`): dense, materialises the mask; for tests and small problems.
+* ``"xla"`` (`portable`): blocked online softmax in pure JAX that skips masked tiles; any backend.
+* ``"cuda"`` (`cuda`): the sm_90a kernels behind XLA FFI custom calls.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from . import portable, reference
+
+try:  # the Hopper path imports without the compiled extension; only a broken install lacks it
+    from .. import _cuda as cuda
+except ImportError:  # pragma: no cover
+    cuda = None
+
+IMPLEMENTATIONS = (None, "cuda", "xla", "reference")
+
+__all__ = ["IMPLEMENTATIONS", "choose", "kernels", "cuda_unavailable_reason"]
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the Hopper kernels cannot run in this process (None when they can)."""
+    if cuda is None:
+        return "the CUDA module is not part of this build"
+    if not cuda.is_available():
+        return cuda.unavailable_reason()
+    return None
+
+
+def choose(implementation, query) -> str:
+    """The implementation that runs: `implementation` itself (checked), or for None the Hopper
+    kernels when they are available and support the problem, else the portable path."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation is not None:
+        if implementation == "cuda":
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                raise NotImplementedError(
+                    f"implementation='cuda' is not available: {reason}. "
+                    "Use implementation='xla' (portable) or None (best available).")
+            cuda.check_supported(query.shape, query.dtype, query.shape[-1])
+        return implementation
+    if cuda_unavailable_reason() is None:
+        try:
+            cuda.check_supported(query.shape, query.dtype, query.shape[-1])
+            return "cuda"
+        except (NotImplementedError, ValueError):
+            pass
+    return "xla"
+
+
+def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
+    # Dense autodiff: einsums, row sums and a repeat's transpose (a sum): no unordered reduction.
+    del out, lse, deterministic
+    f = lambda q, k, v: reference.attention(q, k, v, bounds, scale=scale)  # noqa: E731
+    _, vjp = jax.vjp(f, q, k, v)
+    return vjp((dout, dlse))
+
+
+def kernels(implementation: str, sm_margin: int = 0, structure: str = "general"):
+    """(forward, backward) of an implementation. `sm_margin` and `structure` ("full" / "causal"
+    when no mask vectors were given: picks the Hopper forward's configuration) only mean something
+    to the Hopper kernels."""
+    if implementation == "reference":
+        return reference.attention, _reference_backward
+    if implementation == "cuda":
+        return (functools.partial(cuda.forward, sm_margin=sm_margin, structure=structure),
+                functools.partial(cuda.backward, sm_margin=sm_margin))
+    if implementation == "xla":
+        return portable.forward, portable.backward
+    raise ValueError(f"unknown implementation {implementation!r}")
