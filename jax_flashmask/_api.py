@@ -7,6 +7,7 @@ reference) -> `jax.custom_vjp` whose residuals are (q, k, v, out, lse).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -55,25 +56,42 @@ def _check_inputs(query, key, value, scale, implementation):
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _flash(q, k, v, bounds, scale, implementation, deterministic, sm_margin, structure):
-    fwd, _ = backends.kernels(implementation, sm_margin, structure)
-    return fwd(q, k, v, bounds, scale=scale)
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+    """The static options of one attention call: hashable, so that they key jit's cache and travel
+    through `custom_vjp` and the partitioning rule as one value."""
+
+    implementation: str
+    scale: float
+    deterministic: bool = False
+    sm_margin: int = 0
+    structure: str = "general"  # "full" / "causal" when no mask vectors were given
+    logits_soft_cap: float | None = None
+
+    def kernels(self, backward: bool = False):
+        return backends.kernels(self.implementation, self.sm_margin,
+                                "general" if backward else self.structure, self.logits_soft_cap)
 
 
-def _flash_fwd(q, k, v, bounds, scale, implementation, deterministic, sm_margin, structure):
-    fwd, _ = backends.kernels(implementation, sm_margin, structure)
-    out, lse = fwd(q, k, v, bounds, scale=scale)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, bounds, opts: CallOptions):
+    fwd, _ = opts.kernels()
+    return fwd(q, k, v, bounds, scale=opts.scale)
+
+
+def _flash_fwd(q, k, v, bounds, opts):
+    fwd, _ = opts.kernels()
+    out, lse = fwd(q, k, v, bounds, scale=opts.scale)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
 
-def _flash_bwd(scale, implementation, deterministic, sm_margin, structure, residuals, cotangents):
+def _flash_bwd(opts, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
-    _, bwd = backends.kernels(implementation, sm_margin)
-    dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
-                     deterministic=deterministic)
+    _, bwd = opts.kernels(backward=True)
+    dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=opts.scale,
+                     deterministic=opts.deterministic)
     return dq, dk, dv, None
 
 
@@ -92,6 +110,7 @@ def attention(
     implementation: str | None = None,
     deterministic: bool = False,
     sm_margin: int = 0,
+    logits_soft_cap: float | None = None,
 ):
     """FlashMask attention.
 
@@ -112,6 +131,8 @@ def attention(
       sm_margin: Hopper kernels only: SMs their persistent grids leave free for work running at the
         same time, e.g. the overlapped K/V transfers of context parallelism (NCCL's kernels need
         SMs). 0 (default) uses every SM; ignored by the other implementations.
+      logits_soft_cap: None, or a float ``cap > 0``: the scaled scores become
+        ``cap * tanh(s / cap)`` before masking and softmax (Gemma 2's soft cap).
 
     Returns:
       ``[B, Sq, N, d]`` in query's dtype, or ``(out, lse)``. Rows whose keys are all masked give
@@ -140,8 +161,14 @@ def attention(
                  num_heads=n, num_kv_heads=kh)
         bounds = canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
         bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
-    implementation = backends.choose(implementation, query)
+    if logits_soft_cap is not None:
+        if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, (int, float, np.floating, np.integer)):
+            raise TypeError(f"logits_soft_cap must be a Python float or None, got {type(logits_soft_cap).__name__}")
+        logits_soft_cap = float(logits_soft_cap)
+        if not (math.isfinite(logits_soft_cap) and logits_soft_cap > 0):
+            raise ValueError(f"logits_soft_cap must be a finite float > 0, got {logits_soft_cap}")
+    implementation = backends.choose(implementation, query, logits_soft_cap=logits_soft_cap)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    out, lse = _flash(query, key, value, bounds, scale, implementation, deterministic, int(sm_margin),
-                      structure)
+    opts = CallOptions(implementation, scale, deterministic, int(sm_margin), structure, logits_soft_cap)
+    out, lse = _flash(query, key, value, bounds, opts)
     return (out, lse) if return_residual else out

@@ -515,7 +515,7 @@ def test_sm_margin_reaches_the_hopper_kernels(monkeypatch):
     monkeypatch.setattr(backends.cuda, "backward", bwd)
     q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
     jax.grad(lambda q: jnp.sum(att._flash(q, k, v, att.unmasked_bounds(1, 16, causal=True, q_len=16),
-                                          0.3, "cuda", False, 8, "causal")[0]))(q)
+                                          att.CallOptions("cuda", 0.3, False, 8, "causal"))[0]))(q)
     assert seen == [("fwd", 8, "causal"), ("bwd", 8)]
 
 

@@ -39,13 +39,17 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-def choose(implementation, query) -> str:
+def choose(implementation, query, *, logits_soft_cap=None) -> str:
     """The implementation that runs: `implementation` itself (checked), or for None the Hopper
     kernels when they are available and support the problem, else the portable path."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation is not None:
         if implementation == "cuda":
+            if logits_soft_cap is not None:
+                raise NotImplementedError(
+                    "the Hopper kernels have no logits soft cap yet: use implementation='xla' "
+                    "(or None, which picks it) with logits_soft_cap")
             reason = cuda_unavailable_reason()
             if reason is not None:
                 raise NotImplementedError(
@@ -53,7 +57,7 @@ def choose(implementation, query) -> str:
                     "Use implementation='xla' (portable) or None (best available).")
             cuda.check_supported(query.shape, query.dtype, query.shape[-1])
         return implementation
-    if cuda_unavailable_reason() is None:
+    if logits_soft_cap is None and cuda_unavailable_reason() is None:
         try:
             cuda.check_supported(query.shape, query.dtype, query.shape[-1])
             return "cuda"
@@ -62,23 +66,29 @@ def choose(implementation, query) -> str:
     return "xla"
 
 
-def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False):
+def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False,
+                        **options):
     # Dense autodiff: einsums, row sums and a repeat's transpose (a sum): no unordered reduction.
     del out, lse, deterministic
-    f = lambda q, k, v: reference.attention(q, k, v, bounds, scale=scale)  # noqa: E731
+    f = lambda q, k, v: reference.attention(q, k, v, bounds, scale=scale, **options)  # noqa: E731
     _, vjp = jax.vjp(f, q, k, v)
     return vjp((dout, dlse))
 
 
-def kernels(implementation: str, sm_margin: int = 0, structure: str = "general"):
+def kernels(implementation: str, sm_margin: int = 0, structure: str = "general",
+            logits_soft_cap: float | None = None):
     """(forward, backward) of an implementation. `sm_margin` and `structure` ("full" / "causal"
     when no mask vectors were given: picks the Hopper forward's configuration) only mean something
-    to the Hopper kernels."""
+    to the Hopper kernels; `logits_soft_cap` is bound into both functions when set."""
     if implementation == "reference":
-        return reference.attention, _reference_backward
-    if implementation == "cuda":
-        return (functools.partial(cuda.forward, sm_margin=sm_margin, structure=structure),
+        pair = reference.attention, _reference_backward
+    elif implementation == "cuda":
+        pair = (functools.partial(cuda.forward, sm_margin=sm_margin, structure=structure),
                 functools.partial(cuda.backward, sm_margin=sm_margin))
-    if implementation == "xla":
-        return portable.forward, portable.backward
-    raise ValueError(f"unknown implementation {implementation!r}")
+    elif implementation == "xla":
+        pair = portable.forward, portable.backward
+    else:
+        raise ValueError(f"unknown implementation {implementation!r}")
+    if logits_soft_cap is None:
+        return pair
+    return tuple(functools.partial(f, logits_soft_cap=logits_soft_cap) for f in pair)
