@@ -9,9 +9,9 @@ twelve masks of FlashMask's suite; also head dims 64 and 256 at 8K and 32K.
     python benchmarks/bench_attention.py                      # the whole protocol
     python benchmarks/bench_attention.py --quick              # S=8K, d=128, six masks
     python benchmarks/bench_attention.py --masks causal,document --seqlens 8192 --impls cudnn,flex
-    python benchmarks/bench_attention.py --render benchmarks/results/h200_2026-11-29.json \
-        --anchors ../shared/anchors/h200-2026-11-29.json   # re-draw table and chart, no GPU
-    python benchmarks/bench_attention.py --render a.json b.json --out-prefix h200_2026-11-29  # merge
+    python benchmarks/bench_attention.py --render benchmarks/results/h200_2026-12-04s24_fwdbwd_32k.json \
+        --out-dir /tmp/r --out-prefix s24_32k   # re-draw table and chart, no GPU
+    python benchmarks/bench_attention.py --render a.json b.json --out-prefix h200_DATE  # merge
 
 FLOPs: the FlashMask convention ``4·B·H·Sq·Sk·d·(1−ρ)`` forward, ρ the fraction of fully masked
 128×128 tiles, and ×2.5 for the backward (timed as (fwd+bwd) − fwd); the exact visible-area count

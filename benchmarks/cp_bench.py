@@ -26,8 +26,9 @@ heads, d) it
        overhead = t_total / t_compute - 1
 
 Overlap needs XLA's latency-hiding scheduler: run with
-``XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true`` (without it the collective-permute
-is not moved across the attention and little is hidden: benchmarks/NOTES.md, context parallelism).
+``XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true`` and ``JAX_ENABLE_PGLE=true`` (the
+scheduler gives a custom call no duration without profile data, so it does not move the
+collective-permutes across the attention: docs/decisions.md#cp-pgle).
 
 TFLOP/s per GPU use the FlashMask convention ``4·B·H·S²·d·(1−ρ)`` (x3.5 for forward + backward),
 ρ = fully masked 128x128 tiles, divided by P. Results: ``<out-prefix>.json`` and ``.md`` under
@@ -112,11 +113,11 @@ def attention_off(q, k, v, ind, *, causal=False, return_residual=True, **kw):
     return o, lse
 
 
-# ---- program builders (shared with benchmarks/cp_profile.py) ---------------------------------------
+# ---- program builders ------------------------------------------------------------------------------
 
 
 def add_program_args(ap):
-    """The options that define the programs (cp_bench.py and cp_profile.py build the same ones)."""
+    """The options that define the programs (the benchmark and its probes build the same ones)."""
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=32)
     ap.add_argument("--head-dim", type=int, default=128)
