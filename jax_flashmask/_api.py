@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from . import backends
+from . import _sharding, backends
 from .masks import FlashMask, canonical_bounds, unmasked_bounds, validate
 
 IMPLEMENTATIONS = backends.IMPLEMENTATIONS
@@ -75,13 +75,11 @@ class CallOptions:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash(q, k, v, bounds, opts: CallOptions):
-    fwd, _ = opts.kernels()
-    return fwd(q, k, v, bounds, scale=opts.scale)
+    return _sharding.forward(q, k, v, bounds, opts)
 
 
 def _flash_fwd(q, k, v, bounds, opts):
-    fwd, _ = opts.kernels()
-    out, lse = fwd(q, k, v, bounds, scale=opts.scale)
+    out, lse = _sharding.forward(q, k, v, bounds, opts)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
@@ -89,9 +87,7 @@ def _flash_fwd(q, k, v, bounds, opts):
 def _flash_bwd(opts, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
-    _, bwd = opts.kernels(backward=True)
-    dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=opts.scale,
-                     deterministic=opts.deterministic)
+    dq, dk, dv = _sharding.backward(q, k, v, bounds, out, lse, dout, dlse, opts)
     return dq, dk, dv, None
 
 
@@ -153,14 +149,11 @@ def attention(
     sk, kh = key.shape[1], key.shape[2]
     causal = bool(causal)
     if startend_row_indices is None:
-        bounds = unmasked_bounds(b, sk, causal=causal, q_len=sq)
         structure = "causal" if causal else "full"
     else:
         structure = "general"
         validate(startend_row_indices, causal=causal, q_len=sq, kv_len=sk, batch=b,
                  num_heads=n, num_kv_heads=kh)
-        bounds = canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
-        bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
     if logits_soft_cap is not None:
         if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, (int, float, np.floating, np.integer)):
             raise TypeError(f"logits_soft_cap must be a Python float or None, got {type(logits_soft_cap).__name__}")
@@ -170,5 +163,18 @@ def attention(
     implementation = backends.choose(implementation, query, logits_soft_cap=logits_soft_cap)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     opts = CallOptions(implementation, scale, deterministic, int(sm_margin), structure, logits_soft_cap)
-    out, lse = _flash(query, key, value, bounds, opts)
+    out, lse = _attend(query, key, value, startend_row_indices, opts=opts, causal=causal)
     return (out, lse) if return_residual else out
+
+
+@functools.partial(jax.jit, static_argnames=("opts", "causal"))
+def _attend(query, key, value, startend_row_indices, *, opts: CallOptions, causal: bool):
+    """Bounds and the custom-VJP call, compiled once per shapes and options: eager calls hit
+    jit's cache instead of re-tracing the blocked loops (under an outer jit it is inlined)."""
+    b, sq = query.shape[:2]
+    if startend_row_indices is None:
+        bounds = unmasked_bounds(b, key.shape[1], causal=causal, q_len=sq)
+    else:
+        bounds = canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
+        bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
+    return _flash(query, key, value, bounds, opts)

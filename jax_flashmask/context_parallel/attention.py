@@ -361,7 +361,7 @@ def _scheduled(attn, q, k, v, loc, plan, my, c, axis, sched: Schedule, kw, singl
 def context_parallel_attention(
     query, key, value, mask=None, *, plan, mesh=None, axis_name="cp", causal: bool = False,
     comm: str = "allgather", schedule: Schedule | None = None, nodes: int | None = None,
-    batch_axis=None, scale=None, return_residual: bool = False, implementation=None,
+    batch_axis=None, head_axis=None, scale=None, return_residual: bool = False, implementation=None,
     skip_masked: bool = True, attention_fn=None, attention_kwargs=None,
     scan_unroll: int | bool = 1, overlap_sm_margin=None, schedule_hints: bool | str = False,
     piece_vjp: bool = True,
@@ -388,6 +388,10 @@ def context_parallel_attention(
       schedule: a static `Schedule` from `make_schedule` (pruned when built with ``needed=``).
       nodes: slow-axis size for ``"hierarchical"`` (default: from the mesh / axis sizes).
       batch_axis: mesh axis the batch is sharded on (data parallel), or None.
+      head_axis: mesh axis the heads are sharded on (tensor parallel: query and kv heads on one
+        axis, so a GQA group stays on one device), or None. Mask heads ``Hm`` in {K, N} are split
+        alike, ``Hm = 1`` is replicated. q/k/v ``P(batch_axis, axis_name, head_axis, None)`` keep
+        their sharding and so does the output.
       skip_masked: skip the attention of pieces fully masked for this rank (``lax.cond``).
       attention_fn / attention_kwargs / implementation / scale: the local attention
         (default `jax_flashmask.attention`), called as ``fn(q, k, v, indices, causal=False,
@@ -425,9 +429,11 @@ def context_parallel_attention(
         return (o, lse) if return_residual else o
     axes = _axis_tuple(axis_name)
     seq = axes if len(axes) > 1 else axes[0]
-    qs = PartitionSpec(batch_axis, seq, None, None)
-    ls = PartitionSpec(batch_axis, seq, None)
-    ms = PartitionSpec(batch_axis, None, None, None)
+    qs = PartitionSpec(batch_axis, seq, head_axis, None)
+    ls = PartitionSpec(batch_axis, seq, head_axis)
+    mask_batch = None if mask is None or jnp.shape(mask)[0] == 1 else batch_axis
+    mask_heads = None if mask is None or jnp.shape(mask)[1] == 1 else head_axis
+    ms = PartitionSpec(mask_batch, mask_heads, None, None)
     if comm == "hierarchical" and nodes is None and schedule is None and len(axes) == 2:
         local = functools.partial(local, nodes=int(mesh.shape[axes[0]]))
     plan = jnp.asarray(plan, jnp.int32)
