@@ -409,7 +409,7 @@ def context_parallel_attention(
         True / "both", or "forward" / "backward" for one direction only.
       piece_vjp: scheduled ring/hierarchical with the library's kernels: merge the pieces inside
         one custom VJP whose backward runs every piece on the final out/lse (`pieces`); False
-        differentiates the lse merge instead (the pre-2026-12 path; for comparisons).
+        differentiates the lse merge instead (autodiff of the merge; kept for comparisons).
     Returns:
       out ``[B, S, N, d]`` (permuted layout; local shard with ``mesh=None``) and, with
       `return_residual`, lse float32 ``[B, S, N]`` (-inf on fully masked rows).
