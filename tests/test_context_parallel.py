@@ -24,33 +24,15 @@ Groups:
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-WORKER = os.path.join(HERE, "_cp_worker.py")
+from _subprocess import run_worker
 
 
 def _run(group: str, timeout: int = 600) -> str:
-    env = dict(os.environ)
-    flags = env.get("XLA_FLAGS", "")
-    if "--xla_force_host_platform_device_count" not in flags:
-        env["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
-    if importlib.util.find_spec("jax_flashmask") is None:  # not installed: test this checkout
-        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    proc = subprocess.run([sys.executable, WORKER, group], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        pytest.fail(f"context-parallel group {group!r} failed (rc={proc.returncode}):\n{out[-6000:]}")
-    return proc.stdout
+    return run_worker("_cp_worker.py", group, timeout=timeout)
 
 
 def test_host_localization_balancer_bytes():
