@@ -140,3 +140,63 @@ def test_errors():
         jf.dot_product_attention(q, k, v, local_window_size=(1, 2, 3))
     with pytest.raises(NotImplementedError, match="flash_mask"):
         jf.dot_product_attention(q, k, v, is_causal=True, flash_mask=masks.global_sliding_window(8, 1, 2))
+
+
+# ----------------------------------------------------------------------------- the Flax hook
+
+flax = pytest.importorskip("flax")
+from flax import linen, nnx  # noqa: E402
+
+from jax_flashmask.nn.flax import attention_fn  # noqa: E402
+
+S, F = 24, 32
+
+
+def _inputs():
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((B, S, F)), jnp.float32)
+    seg = np.stack([np.repeat([0, 1, 2], [7, 9, 8]), np.repeat([4, 5], [15, 9])]).astype(np.int32)
+    fm = masks.from_segment_ids(seg, causal=True)
+    return x, fm, ~np.asarray(fm.to_dense())  # True = attend, [B, 1, S, S]
+
+
+def _nnx_pair(**kw):
+    make = lambda fn: nnx.MultiHeadAttention(  # noqa: E731
+        num_heads=N, in_features=F, decode=False, rngs=nnx.Rngs(0), attention_fn=fn, **kw)
+    return make(attention_fn), make(nnx.dot_product_attention)
+
+
+def test_nnx_multihead_attention_with_flash_mask():
+    x, fm, dense = _inputs()
+    ours, stock = _nnx_pair()
+    np.testing.assert_allclose(ours(x, mask=fm), stock(x, mask=jnp.asarray(dense)), atol=2e-5, rtol=2e-5)
+    # under nnx.jit the FlashMask is a traced pytree and passes through Flax untouched
+    jitted = nnx.jit(lambda m, x, fm: m(x, mask=fm))(ours, x, fm)
+    np.testing.assert_allclose(jitted, stock(x, mask=jnp.asarray(dense)), atol=2e-5, rtol=2e-5)
+    # a concrete dense mask (Flax's float 0/1 masks too) and is_causal
+    np.testing.assert_allclose(ours(x, mask=jnp.asarray(dense, jnp.float32)), stock(x, mask=jnp.asarray(dense)),
+                               atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(ours(x, is_causal=True), stock(x, is_causal=True), atol=2e-5, rtol=2e-5)
+    causal = nnx.make_causal_mask(jnp.ones((B, S)))
+    np.testing.assert_allclose(ours(x, mask=causal), stock(x, mask=causal), atol=2e-5, rtol=2e-5)
+
+
+def test_nnx_dropout_rules():
+    x, fm, dense = _inputs()
+    ours, stock = _nnx_pair(dropout_rate=0.1)
+    np.testing.assert_allclose(ours(x, mask=fm, deterministic=True), stock(x, mask=jnp.asarray(dense),
+                                                                           deterministic=True), atol=2e-5)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        ours(x, mask=fm, deterministic=False)
+    with pytest.raises(NotImplementedError, match="sow_weights"):
+        _nnx_pair()[0](x, mask=fm, sow_weights=True)
+
+
+def test_linen_multihead_attention_with_flash_mask():
+    x, fm, dense = _inputs()
+    ours = linen.MultiHeadDotProductAttention(num_heads=N, qkv_features=F, attention_fn=attention_fn)
+    stock = linen.MultiHeadDotProductAttention(num_heads=N, qkv_features=F)
+    params = stock.init(jax.random.key(0), x)
+    want = stock.apply(params, x, mask=jnp.asarray(dense))
+    np.testing.assert_allclose(ours.apply(params, x, mask=fm), want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(jax.jit(lambda p, x, m: ours.apply(p, x, mask=m))(params, x, fm), want,
+                               atol=2e-5, rtol=2e-5)
