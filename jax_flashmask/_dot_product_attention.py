@@ -100,7 +100,8 @@ def _structured_mask(q_len, kv_len, *, is_causal, window, q_lengths, kv_lengths,
 def _from_boolean(mask, other: FlashMask | None, batch, heads, q_len, kv_len):
     """FlashMask of jax.nn's boolean `mask` (True = attend, broadcastable to [B, N, T, S]) and
     `other` (already a FlashMask), through `masks.from_dense` on the host."""
-    if isinstance(mask, jax.core.Tracer) or (other is not None and isinstance(other.startend_row_indices, jax.core.Tracer)):
+    traced = other is not None and isinstance(other.startend_row_indices, jax.core.Tracer)
+    if isinstance(mask, jax.core.Tracer) or traced:
         raise TypeError(
             "mask= needs concrete values (it is converted on the host by masks.from_dense), and so "
             "do the lengths / segment ids combined with it; inside jit build the FlashMask outside "

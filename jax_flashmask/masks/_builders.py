@@ -980,8 +980,8 @@ def from_mask_fn(mask_mod, q_len: int, kv_len: int | None = None, *, batch: int 
     ``if`` on the indices do not broadcast). Memory is O(block·Sq) plus O(Sk) for the result, never
     Sq·Sk; the time is batch·heads·Sq·Sk cell evaluations (give ``batch=heads=1`` when the mask does
     not depend on them: the result broadcasts). `block` = columns per call (default: about
-    512K cells, which keeps a block in cache). The result is the smallest representable mode, as in `from_dense`, and a column whose
-    masked rows form more than two runs raises ``ValueError``.
+    512K cells, which keeps a block in cache). The result is the smallest representable mode, as
+    in `from_dense`, and a column whose masked rows form more than two runs raises ``ValueError``.
     """
     if not callable(mask_mod):
         raise TypeError(f"mask_mod must be a callable mask_mod(b, h, q_idx, kv_idx), got {type(mask_mod).__name__}")
