@@ -7,7 +7,8 @@ masked tiles, and runs on Hopper kernels (``implementation="cuda"``) or a portab
 
 from . import masks
 from ._api import attention
+from ._dot_product_attention import dot_product_attention
 from .masks import FlashMask
 
 __version__ = "0.1.0"
-__all__ = ["attention", "masks", "FlashMask", "__version__"]
+__all__ = ["attention", "dot_product_attention", "masks", "FlashMask", "__version__"]

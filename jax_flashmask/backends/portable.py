@@ -90,9 +90,12 @@ class _Layout:
         """Split a flat tile id over (B, Hm, per_head) into (b·Hm + m, i)."""
         return flat // per_head, flat % per_head
 
-    def scores(self, qt, kt, c, bounds_bm, row0, col0, scale):
-        """Scaled S for one tile ``[Kh, Gq, bq, bk]``; masked cells -inf on partial tiles only."""
+    def scores(self, qt, kt, c, bounds_bm, row0, col0, scale, logits_soft_cap=None):
+        """Scaled S for one tile ``[Kh, Gq, bq, bk]`` (soft-capped, ``cap·tanh(s/cap)``, when a cap
+        is given); masked cells -inf on partial tiles only."""
         s = jnp.einsum("hgqd,hkd->hgqk", qt, kt, preferred_element_type=jnp.float32) * scale
+        if logits_soft_cap is not None:
+            s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
         tb = jax.lax.dynamic_slice(bounds_bm, (0, col0), (4, self.bk))
 
         def apply_mask(s):
@@ -112,8 +115,10 @@ def _compact(cls):
     return order, jnp.sum(cls != _blocks.SKIP, axis=-1).astype(jnp.int32)
 
 
-def forward(q, k, v, bounds, *, scale: float, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK):
-    """(out ``[B, Sq, N, d]`` in q.dtype, lse float32 ``[B, Sq, N]``)."""
+def forward(q, k, v, bounds, *, scale: float, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK,
+            logits_soft_cap: float | None = None):
+    """(out ``[B, Sq, N, d]`` in q.dtype, lse float32 ``[B, Sq, N]``). `logits_soft_cap`: scores
+    become ``cap·tanh(s/cap)`` before masking."""
     L = _Layout(q.shape, k.shape, bounds, block_q, block_k)
     kx, vx = L.kv_heads(k), L.kv_heads(v)
     bounds_bm = L.bounds.reshape(L.b * L.hm, 4, -1)
@@ -131,7 +136,7 @@ def forward(q, k, v, bounds, *, scale: float, block_q: int = DEFAULT_BLOCK, bloc
             kb = order_t[t]
             kt = jax.lax.dynamic_slice_in_dim(kx[bm], kb * L.bk, L.bk, axis=1)
             vt = jax.lax.dynamic_slice_in_dim(vx[bm], kb * L.bk, L.bk, axis=1)
-            s = L.scores(qt, kt, cls_t[kb], bounds_bm[bm], qi * L.bq, kb * L.bk, scale)
+            s = L.scores(qt, kt, cls_t[kb], bounds_bm[bm], qi * L.bq, kb * L.bk, scale, logits_soft_cap)
             m_new = jnp.maximum(m, s.max(axis=-1))
             m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)
             alpha = jnp.exp(m - m_safe)
@@ -154,7 +159,7 @@ def forward(q, k, v, bounds, *, scale: float, block_q: int = DEFAULT_BLOCK, bloc
 
 
 def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float, deterministic: bool = False,
-             block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK):
+             block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK, logits_soft_cap: float | None = None):
     """(dq, dk, dv) in the inputs' dtypes. `dlse` is the cotangent of lse (None = zero).
 
     Order-fixed (einsums, row sums, fixed-order loops) except one reduction: when several mask
@@ -166,7 +171,7 @@ def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float, determ
         K, r = k.shape[2], q.shape[2] // k.shape[2]
         kx, vx = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
         dq, dkx, dvx = backward(q, kx, vx, bounds, out, lse, dout, dlse, scale=scale,
-                                block_q=block_q, block_k=block_k)
+                                block_q=block_q, block_k=block_k, logits_soft_cap=logits_soft_cap)
 
         def fold(x, dtype):  # [B, S, K*r, d] -> [B, S, K, d], summed over r in head order
             x = x.astype(jnp.float32).reshape(x.shape[:2] + (K, r) + x.shape[3:])
@@ -189,10 +194,14 @@ def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float, determ
     lse_t, delta_t = L.q_tiles(lse, fill=jnp.inf), L.q_tiles(delta)
 
     def probs_and_ds(qt, kt, vt, dot, lset, dt, c, bm, row0, col0):
-        s = L.scores(qt, kt, c, bounds_bm[bm], row0, col0, scale)
+        s = L.scores(qt, kt, c, bounds_bm[bm], row0, col0, scale, logits_soft_cap)
         p = jnp.exp(s - lset[..., None])
         dp = jnp.einsum("hgqd,hkd->hgqk", dot, vt, preferred_element_type=jnp.float32)
-        return p, p * (dp - dt[..., None])
+        ds = p * (dp - dt[..., None])
+        if logits_soft_cap is not None:
+            # d(cap·tanh(x/cap))/dx = 1 - tanh²; masked cells (s = -inf, p = 0) contribute nothing.
+            ds = ds * jnp.where(jnp.isfinite(s), 1.0 - jnp.square(s / logits_soft_cap), 0.0)
+        return p, ds
 
     # Row pass: dQ for each query tile over its non-skipped key blocks.
     cls_rows = L.cls.reshape(-1, L.nk)

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 from ..masks import dense_from_bounds
 
 
-def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32):
+def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32, logits_soft_cap=None):
     """(out ``[B, Sq, N, d]`` in q.dtype, lse float32 ``[B, Sq, N]``) with fully-masked rows 0 / -inf.
+    `logits_soft_cap`: the scaled scores become ``cap·tanh(s/cap)`` before masking.
 
     Differentiable with plain autodiff (no NaN for fully-masked rows).
     """
@@ -21,6 +22,8 @@ def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32):
     kx = jnp.repeat(k, n // kh, axis=2).astype(compute_dtype)
     vx = jnp.repeat(v, n // kh, axis=2).astype(compute_dtype)
     s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(compute_dtype), kx) * scale
+    if logits_soft_cap is not None:
+        s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
     s = jnp.where(masked, -jnp.inf, s)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
     m = jnp.where(jnp.isfinite(m), m, 0.0)

@@ -1,7 +1,8 @@
 """Masks as O(S) column-wise row boundaries (FlashMask): representation, builders, dense view.
 
-`_core` holds the representation (validation, canonical D=4 form, dense view, segment ids and
-windows); `_builders` the twelve benchmark masks of FlashMask's suite; `_plot` the pictures.
+`_core` holds the representation (validation, canonical D=4 form, dense view); `_builders` the
+twelve benchmark masks of FlashMask's suite, the jit-friendly builders from data (segment ids,
+windows, lengths) and the converters from a dense mask or a mask function; `_plot` the pictures.
 """
 
 from ._core import *  # noqa: F401,F403

@@ -40,9 +40,11 @@ prefix-LM document: a random prefix of every document; qk-sparse: FlashMask's tw
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._core import ALLOWED_D, FlashMask, validate
@@ -69,6 +71,12 @@ __all__ = [
     "visible_fraction",
     "random_mask",
     "canonical_bounds_np",
+    "from_segment_ids",
+    "from_window",
+    "from_seq_lengths",
+    "band_bounds",
+    "from_dense",
+    "from_mask_fn",
 ]
 
 # SPEC §2 order.
@@ -615,3 +623,390 @@ def random_mask(
     out = out.astype(np.int32)
     validate(out, causal=causal, q_len=sq, kv_len=S)
     return FlashMask(_to_device(out), causal=causal)
+
+
+# ----------------------------------------------------------------------------- masks from data (jit-friendly)
+#
+# These builders take sequence data (segment ids, lengths, window sizes) that may be traced: they
+# are jnp code, so a jitted training step can build its mask from the batch. Sq != Sk is aligned
+# bottom-right, like `causal` (query row i sits at key position i + Sk - Sq).
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _int_ids(name: str, ids):
+    """`ids` as an int array ``[B, S]`` (a ``[S]`` input gets B = 1), checked without reading values."""
+    if isinstance(ids, (list, tuple)):
+        ids = np.asarray(ids, dtype=np.int32 if len(ids) == 0 else None)
+    if not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
+        raise TypeError(f"{name} must be an integer array [B, S] or [S], got {type(ids).__name__}")
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an integer array [B, S] or [S], got dtype {ids.dtype}")
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be an integer array [B, S] or [S], got shape {tuple(ids.shape)}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty: it needs one id per token (shape [B, S] or [S] with S >= 1)")
+    return ids
+
+
+def _check_contiguous(name: str, ids) -> None:
+    """ValueError when a concrete id array repeats an id after another one (-1 = padding exempt)."""
+    if _is_traced(ids):
+        return
+    seg = np.asarray(ids)
+    for r in range(seg.shape[0]):
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(seg[r])) + 1])
+        run_ids = seg[r, starts]
+        real = run_ids[run_ids != -1]
+        if len(np.unique(real)) != len(real):
+            raise ValueError(
+                f"{name}: every document must be one contiguous run of equal ids "
+                f"(row {r} repeats an id after another one)")
+
+
+@functools.partial(jax.jit, static_argnames=("causal",))
+def _self_segments(seg, causal):
+    b, s = seg.shape
+    pos = jnp.arange(s, dtype=jnp.int32)
+    change = seg[:, 1:] != seg[:, :-1]
+    true = jnp.ones((b, 1), bool)
+    is_start = jnp.concatenate([true, change], axis=1)
+    is_end = jnp.concatenate([change, true], axis=1)
+    run_start = jax.lax.cummax(jnp.where(is_start, pos, 0), axis=1)
+    run_end = jax.lax.cummin(jnp.where(is_end, pos + 1, s), axis=1, reverse=True)
+    pad = seg == -1
+    lts = jnp.where(pad, 0, run_end)  # padding columns: every row masked
+    if causal:
+        return lts[:, None, :, None].astype(jnp.int32)
+    ute = jnp.where(pad, s, run_start)
+    return jnp.stack([lts, ute], axis=-1)[:, None].astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("causal",))
+def _cross_segments(q_seg, kv_seg, causal):
+    b = max(q_seg.shape[0], kv_seg.shape[0])
+    q_seg = jnp.broadcast_to(q_seg, (b, q_seg.shape[1]))
+    kv_seg = jnp.broadcast_to(kv_seg, (b, kv_seg.shape[1]))
+    sq, sk = q_seg.shape[1], kv_seg.shape[1]
+
+    def one(q, kv):
+        order = jnp.argsort(q, stable=True).astype(jnp.int32)  # equal ids keep their row order
+        ids = q[order]
+        lo = jnp.searchsorted(ids, kv, side="left")
+        hi = jnp.searchsorted(ids, kv, side="right")
+        present = (hi > lo) & (kv != -1)
+        first = order[jnp.clip(lo, 0, sq - 1)]
+        last = order[jnp.clip(hi - 1, 0, sq - 1)]
+        return present, first, last + 1
+
+    present, first, end = jax.vmap(one)(q_seg, kv_seg)
+    ute = first
+    if causal:
+        j = jnp.arange(sk, dtype=jnp.int32)
+        ute = jnp.maximum(ute, jnp.clip(j - (sk - sq), 0, sq))
+    lts = jnp.where(present, end, 0)  # an id absent from the queries (or padding): every row masked
+    ute = jnp.where(present, ute, 0)
+    return jnp.stack([lts, ute], axis=-1)[:, None].astype(jnp.int32)
+
+
+def from_segment_ids(q_segment_ids, kv_segment_ids=None, *, causal: bool = True) -> FlashMask:
+    """Packed documents: query i sees key j when both carry the same id (and, if `causal`,
+    ``j <= i + Sk - Sq``). Works under `jax.jit` with traced ids.
+
+    `q_segment_ids`: int ``[B, Sq]`` or ``[Sq]``; `kv_segment_ids`: int ``[B, Sk]`` / ``[Sk]``, default
+    the query ids (self-attention). Id ``-1`` marks padding, whose rows and columns are fully masked
+    (output 0). A document is a contiguous run of one id; a concrete array that repeats an id after
+    another one raises ``ValueError``. Traced ids cannot be checked: there, without
+    `kv_segment_ids` every maximal run is its own document (an id that comes back starts a new
+    one); with `kv_segment_ids` a key with id s sees the query rows from the first to the last row
+    with id s.
+
+    Returns a `FlashMask` ``[B, 1, Sk, D]``: without `kv_segment_ids` causal D=1 (`causal`) or
+    non-causal D=2; with them non-causal D=2 (LTS, UTE), which expresses the bottom-right causal
+    limit exactly whatever the ids are.
+    """
+    q_seg = _int_ids("q_segment_ids", q_segment_ids)
+    causal = bool(causal)
+    if kv_segment_ids is None:
+        _check_contiguous("q_segment_ids", q_seg)
+        return FlashMask(_self_segments(jnp.asarray(q_seg, jnp.int32), causal), causal=causal)
+    kv_seg = _int_ids("kv_segment_ids", kv_segment_ids)
+    if q_seg.shape[0] != kv_seg.shape[0] and 1 not in (q_seg.shape[0], kv_seg.shape[0]):
+        raise ValueError(f"q_segment_ids batch {q_seg.shape[0]} and kv_segment_ids batch "
+                         f"{kv_seg.shape[0]} differ (use equal batches, or 1 to share one)")
+    _check_contiguous("q_segment_ids", q_seg)
+    ind = _cross_segments(jnp.asarray(q_seg, jnp.int32), jnp.asarray(kv_seg, jnp.int32), causal)
+    return FlashMask(ind, causal=False)
+
+
+def _check_lengths(name: str, x, batch: int | None):
+    x = jnp.asarray(x)
+    if x.ndim != 1 or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an int array [B], got {x.dtype} {tuple(x.shape)}")
+    if batch is not None and x.shape[0] != batch:
+        raise ValueError(f"{name} has batch {x.shape[0]}, expected {batch}")
+    return x.astype(jnp.int32)
+
+
+def band_bounds(q_len: int, kv_len: int, *, lo_shift=None, hi_shift=None, q_lengths=None,
+                kv_lengths=None):
+    """(LTS, UTE) int32 ``[B, Sk]`` (B = 1 without lengths) of the mask in which key column j is
+    visible to the query rows ``[j + lo_shift, j + hi_shift)`` (None: unbounded) that are below
+    ``q_lengths[b]``, and to none when ``j >= kv_lengths[b]``. jnp code: shifts and lengths may be
+    traced. The non-causal D=2 form: cell (i, j) is masked iff ``i >= LTS[j]`` or ``i < UTE[j]``."""
+    j = jnp.arange(kv_len, dtype=jnp.int32)[None]
+    lts = jnp.full((1, kv_len), q_len, jnp.int32) if hi_shift is None else jnp.clip(j + hi_shift, 0, q_len)
+    ute = jnp.zeros((1, kv_len), jnp.int32) if lo_shift is None else jnp.clip(j + lo_shift, 0, q_len)
+    if q_lengths is not None:
+        lts = jnp.minimum(lts, jnp.clip(q_lengths, 0, q_len)[:, None])
+    if kv_lengths is not None:
+        lts = jnp.where(j < kv_lengths[:, None], lts, 0)
+    b = max(lts.shape[0], ute.shape[0])
+    return (jnp.broadcast_to(lts, (b, kv_len)).astype(jnp.int32),
+            jnp.broadcast_to(ute, (b, kv_len)).astype(jnp.int32))
+
+
+def _window_size(name: str, w):
+    if w is None:
+        return None
+    if _is_traced(w):
+        return jnp.asarray(w, jnp.int32)
+    if isinstance(w, bool) or not isinstance(w, (int, np.integer)) and not (
+            hasattr(w, "shape") and w.shape == () and jnp.issubdtype(w.dtype, jnp.integer)):
+        raise ValueError(f"from_window: {name} must be an int >= 0 or None, got {w!r}")
+    if int(w) < 0:
+        raise ValueError(f"from_window: {name} must be >= 0 or None, got {int(w)}")
+    return int(w)
+
+
+def from_window(seq_len: int, left, right=0, *, batch: int = 1, q_len: int | None = None) -> FlashMask:
+    """Sliding window: query i sees keys j with ``i' - left <= j <= i' + right`` (None = unbounded),
+    where ``i' = i + seq_len - q_len`` aligns the queries bottom-right (``q_len`` defaults to
+    `seq_len`, the key length).
+
+    `left` / `right` may be traced ints. ``right=0`` (a Python int) is the causal sliding window
+    (``causal=True``, D=1); anything else, a traced `right` included, is ``causal=False`` with
+    (LTS, UTE).
+    """
+    sk = _seq_len(seq_len)
+    sq = sk if q_len is None else _int("q_len", q_len, lo=1)
+    batch = _batch(batch)
+    left, right = _window_size("left", left), _window_size("right", right)
+    delta = sk - sq
+    hi = None if left is None else left + 1 - delta
+    if isinstance(right, int) and right == 0:
+        lts, _ = band_bounds(sq, sk, hi_shift=hi)
+        ind = lts[:, None, :, None]
+        causal_ = True
+    else:
+        lo = None if right is None else -right - delta
+        lts, ute = band_bounds(sq, sk, lo_shift=lo, hi_shift=hi)
+        ind = jnp.stack([lts, ute], axis=-1)[:, None]
+        causal_ = False
+    return FlashMask(jnp.broadcast_to(ind, (batch,) + ind.shape[1:]), causal=causal_)
+
+
+def from_seq_lengths(q_seq_lengths=None, kv_seq_lengths=None, *, q_len: int, kv_len: int | None = None,
+                     causal: bool = False) -> FlashMask:
+    """Padding: in batch entry b, query rows ``>= q_seq_lengths[b]`` and key columns
+    ``>= kv_seq_lengths[b]`` are fully masked (padded rows output 0). Lengths are int ``[B]``
+    arrays, possibly traced. `causal` adds the bottom-right causal limit of the full (padded)
+    lengths: causal D=1; otherwise non-causal D=2. Shape ``[B, 1, kv_len, D]``."""
+    sq = _int("q_len", q_len, lo=1)
+    sk = sq if kv_len is None else _int("kv_len", kv_len, lo=1)
+    ql = None if q_seq_lengths is None else _check_lengths("q_seq_lengths", q_seq_lengths, None)
+    kl = None if kv_seq_lengths is None else _check_lengths(
+        "kv_seq_lengths", kv_seq_lengths, None if ql is None else ql.shape[0])
+    lts, ute = band_bounds(sq, sk, q_lengths=ql, kv_lengths=kl)
+    if causal:
+        return FlashMask(lts[:, None, :, None], causal=True)
+    return FlashMask(jnp.stack([lts, ute], axis=-1)[:, None], causal=False)
+
+
+# ----------------------------------------------------------------------------- masks from a dense view
+#
+# Both converters read the masked rows of every key column as at most two runs [s1, e1), [s2, e2)
+# (bit-packed, so a block of columns costs Sq/8 bytes each), then pick the smallest (causal, D)
+# mode that represents every column.
+
+_LEAD = np.array([8] + [7 - int(v).bit_length() + 1 for v in range(1, 256)], np.int64)  # zeros before the top set bit
+_TRAIL = np.array([8] + [(v & -v).bit_length() - 1 for v in range(1, 256)], np.int64)
+_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], np.uint8)
+
+
+def _pack_rows(rows, invert: bool = False):
+    """Bit-packed bool rows ``[n, S]`` -> uint8 ``[n, S/8 + 1]`` (row r at bit 7 - r % 8 of byte
+    r // 8), optionally inverted, with every bit from S on cleared (one spare zero byte at least)."""
+    n, s = rows.shape
+    p = np.packbits(rows, axis=1)
+    if invert:
+        np.invert(p, out=p)
+        if s % 8:
+            p[:, -1] &= np.uint8((0xFF << (8 - s % 8)) & 0xFF)
+    return np.concatenate([p, np.zeros((n, 1), np.uint8)], axis=1)
+
+
+def _popcount_rows(p):
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(p).sum(axis=1, dtype=np.int64)
+    return _POPCOUNT[p].sum(axis=1, dtype=np.int64)
+
+
+def _first_last_bits(p, nz):
+    """Positions of the first and last set bit of each packed row (`nz` = ``p != 0``; rows
+    without a set bit give garbage)."""
+    rows = np.arange(p.shape[0])
+    fb = nz.argmax(axis=1)
+    lb = p.shape[1] - 1 - np.flip(nz, axis=1).argmax(axis=1)
+    return fb * 8 + _LEAD[p[rows, fb]], lb * 8 + 7 - _TRAIL[p[rows, lb]]
+
+
+def _column_runs(packed, q_len: int):
+    """Masked rows of each key column as two runs: `packed` holds one column per row (masked = 1,
+    from `_pack_rows`). Returns int64 ``[4, nc]`` (s1, e1, s2, e2) and the number of runs (3 stands
+    for "more than 2").
+
+    Runs are read from the transitions ``bit(r) != bit(r - 1)`` (bit(-1) = 0; the zero bits from
+    Sq on close a run that reaches the last row): a column's 2k transitions are its k runs' starts
+    and ends in order. Empty runs are (0, 0) and (Sq, Sq); a single run that ends at Sq but starts
+    after row 0 is the second run, so that the non-causal D=2 form reads (UTE = e1, LTS = s2)
+    directly."""
+    nc = packed.shape[0]
+    carry = np.zeros_like(packed)
+    carry[:, 1:] = packed[:, :-1] << 7  # the previous byte's last bit
+    t = packed ^ ((packed >> 1) | carry)
+    count = _popcount_rows(t)
+    runs = np.zeros((4, nc), np.int64)
+    runs[2:] = q_len
+    nruns = np.minimum(count // 2, 3)
+    idx = np.flatnonzero(count)
+    if idx.size == 0:
+        return runs, nruns
+    t = t[idx]
+    nz = t != 0
+    first, last = _first_last_bits(t, nz)
+    one = count[idx] == 2
+    i1, f1, l1 = idx[one], first[one], last[one]
+    tail = (l1 == q_len) & (f1 > 0)
+    runs[0, i1[~tail]], runs[1, i1[~tail]] = f1[~tail], l1[~tail]
+    runs[2, i1[tail]], runs[3, i1[tail]] = f1[tail], q_len
+    two = count[idx] == 4
+    if two.any():
+        i2, t2, nz2, f2, l2 = idx[two], t[two], nz[two], first[two], last[two]
+        r = np.arange(t2.shape[0])
+        for pos in (f2, l2):  # drop the outer transitions: the inner ones are e1 and s2
+            t2[r, pos // 8] &= ~(np.uint8(0x80) >> (pos % 8).astype(np.uint8))
+            nz2[r, pos // 8] = t2[r, pos // 8] != 0
+        e1, s2 = _first_last_bits(t2, nz2)
+        runs[:, i2] = np.stack([f2, e1, s2, l2])
+    return runs, nruns
+
+
+def _mode_from_runs(runs, nruns, q_len: int, what: str) -> FlashMask:
+    """The smallest (causal, D) mode that represents every column of ``runs`` int64
+    ``[B, Hm, 4, Sk]`` (causal D=1, causal D=2, non-causal D=2, non-causal D=4, in that order)."""
+    bad = np.argwhere(nruns > 2)
+    if bad.size:
+        b, h, j = (int(x) for x in bad[0])
+        raise ValueError(
+            f"{what}: key column j={j} (batch {b}, mask head {h}) masks more than two separate runs "
+            "of query rows; a FlashMask column holds at most two masked row ranges. Split the mask "
+            "(e.g. per head) or change it so that each column's masked rows form <= 2 runs.")
+    sq = q_len
+    sk = runs.shape[-1]
+    s1, e1, s2, e2 = (runs[:, :, k] for k in range(4))
+    has1, has2 = e1 > s1, e2 > s2
+    c = np.clip(np.arange(sk) - (sk - sq), 0, sq)  # rows above the bottom-right diagonal
+    upper = (c == 0) | (has1 & (s1 == 0) & (e1 >= c))
+    a0, b0 = np.maximum(s1, c), np.maximum(s2, c)
+    a_on, b_on = has1 & (e1 > a0), has2 & (e2 > b0)
+    start = np.where(a_on, a0, np.where(b_on, b0, sq))
+    end = np.where(a_on, e1, np.where(b_on, e2, sq))
+    causal2 = upper & ~(a_on & b_on)
+    lts, ute = np.where(has2, s2, sq), np.where(has1, e1, 0)
+    if np.all(causal2 & (end == sq)):
+        return _device_mask([start], True)
+    if np.all(causal2):
+        return _device_mask([start, end], True)
+    if np.all((~has1 | (s1 == 0)) & (~has2 | (e2 == sq))):
+        return _device_mask([lts, ute], False)
+    return _device_mask([lts, np.where(has2, e2, sq), np.where(has1, s1, 0), ute], False)
+
+
+def _device_mask(vectors, causal: bool) -> FlashMask:
+    return FlashMask(_to_device(np.stack(vectors, axis=-1)), causal=causal)
+
+
+def from_dense(dense) -> FlashMask:
+    """Exact conversion of a boolean ``[B, Hm, Sq, Sk]`` mask (True = masked; ``[Sq, Sk]`` is read
+    as B = Hm = 1) into the smallest FlashMask mode that represents every column: causal D=1,
+    causal D=2, non-causal D=2, else non-causal D=4 (bottom-right causal alignment).
+
+    Raises ``ValueError`` naming the first key column whose masked rows form more than two runs
+    (not representable). Host code: `dense` must be concrete (not traced), and is O(Sq·Sk);
+    for long sequences describe the mask with `from_mask_fn` or a builder instead.
+    """
+    if _is_traced(dense):
+        raise TypeError(
+            "from_dense needs a concrete boolean array (it runs on the host); build the FlashMask "
+            "outside jit and pass it in, or use the jit-friendly builders (from_segment_ids, "
+            "from_window, from_seq_lengths)")
+    m = np.asarray(dense)
+    if m.dtype != np.bool_:
+        raise ValueError(f"from_dense: dense must be a boolean array (True = masked), got dtype {m.dtype}")
+    if m.ndim == 2:
+        m = m[None, None]
+    if m.ndim != 4 or 0 in m.shape:
+        raise ValueError(f"from_dense: dense must have shape [B, Hm, Sq, Sk] (or [Sq, Sk]), got {m.shape}")
+    b, hm, sq, sk = m.shape
+    cols = np.swapaxes(m, 2, 3).reshape(b * hm * sk, sq)
+    runs, nruns = _column_runs(_pack_rows(cols), sq)
+    runs = np.moveaxis(runs.reshape(4, b, hm, sk), 0, 2)
+    return _mode_from_runs(runs, nruns.reshape(b, hm, sk), sq, "from_dense")
+
+
+def from_mask_fn(mask_mod, q_len: int, kv_len: int | None = None, *, batch: int = 1, heads: int = 1,
+                 block: int | None = None) -> FlashMask:
+    """A FlashMask from a FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx)`` -> True = attend.
+
+    Evaluated on the host, one block of key columns at a time: `mask_mod` is called with numpy
+    values, ``b`` and ``h`` int32 scalars, ``q_idx`` int32 ``[1, Sq]`` and ``kv_idx`` int32
+    ``[nc, 1]``, and must return something that broadcasts to ``[nc, Sq]`` (write it with operators
+    and numpy functions, e.g. ``(q_idx >= kv_idx) & (doc[q_idx] == doc[kv_idx])``; Python ``and`` /
+    ``if`` on the indices do not broadcast). Memory is O(block·Sq) plus O(Sk) for the result, never
+    Sq·Sk; the time is batch·heads·Sq·Sk cell evaluations (give ``batch=heads=1`` when the mask does
+    not depend on them: the result broadcasts). `block` = columns per call (default: about
+    512K cells, which keeps a block in cache). The result is the smallest representable mode, as
+    in `from_dense`, and a column whose masked rows form more than two runs raises ``ValueError``.
+    """
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be a callable mask_mod(b, h, q_idx, kv_idx), got {type(mask_mod).__name__}")
+    sq = _int("q_len", q_len, lo=1)
+    sk = sq if kv_len is None else _int("kv_len", kv_len, lo=1)
+    batch, heads = _batch(batch), _int("heads", heads, lo=1)
+    # mask_mod runs on blocks small enough to stay in cache; the bit analysis on batches of
+    # packed columns large enough that numpy's per-call cost does not dominate.
+    nc = max(1, (1 << 19) // sq) if block is None else _int("block", block, lo=1)
+    batch_cols = max(nc, (1 << 25) // sq)
+    q_idx = np.arange(sq, dtype=np.int32)[None, :]  # int32, as FlexAttention's: half the bytes of int64
+    runs = np.empty((batch, heads, 4, sk), np.int64)
+    nruns = np.empty((batch, heads, sk), np.int64)
+    for b in range(batch):
+        for h in range(heads):
+            for a0 in range(0, sk, batch_cols):
+                a1 = min(a0 + batch_cols, sk)
+                packed = np.empty((a1 - a0, -(-sq // 8) + 1), np.uint8)
+                for c0 in range(a0, a1, nc):
+                    kv_idx = np.arange(c0, min(c0 + nc, a1), dtype=np.int32)[:, None]
+                    attend = np.asarray(mask_mod(np.int32(b), np.int32(h), q_idx, kv_idx))
+                    if attend.dtype != np.bool_:
+                        raise TypeError(
+                            f"mask_mod must return booleans (True = attend), got dtype {attend.dtype}")
+                    attend = np.broadcast_to(attend, (kv_idx.shape[0], sq))
+                    packed[c0 - a0 : c0 - a0 + kv_idx.shape[0]] = _pack_rows(attend, invert=True)
+                runs[b, h, :, a0:a1], nruns[b, h, a0:a1] = _column_runs(packed, sq)
+    return _mode_from_runs(runs, nruns, sq, "from_mask_fn")

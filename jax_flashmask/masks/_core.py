@@ -35,8 +35,6 @@ __all__ = [
     "unmasked_bounds",
     "dense_from_bounds",
     "to_dense",
-    "from_segment_ids",
-    "from_window",
 ]
 
 # (causal, D) pairs of SPEC §1 and the name of each vector they carry.
@@ -199,66 +197,3 @@ def to_dense(startend_row_indices, *, causal: bool, q_len: int | None = None) ->
 @functools.partial(jax.jit, static_argnames=("causal", "q_len"))
 def _dense(startend_row_indices, *, causal, q_len):
     return dense_from_bounds(canonical_bounds(startend_row_indices, causal=causal, q_len=q_len), q_len)
-
-
-def from_segment_ids(segment_ids, *, causal: bool = True) -> FlashMask:
-    """Packed documents: a key sees only queries of its own document (and, if causal, later ones).
-
-    `segment_ids` is int ``[B, S]`` or ``[S]``; each document must be one contiguous run of equal
-    ids; id ``-1`` marks padding, whose rows and columns are fully masked (output 0).
-    Returns a `FlashMask` of shape ``[B, 1, S, 1]`` (causal) or ``[B, 1, S, 2]`` (non-causal).
-    """
-    seg = np.asarray(segment_ids)
-    if seg.ndim == 1:
-        seg = seg[None]
-    if seg.ndim != 2 or not np.issubdtype(seg.dtype, np.integer):
-        raise ValueError(f"segment_ids must be an integer array [B, S] or [S], got {seg.dtype} {seg.shape}")
-    b, s = seg.shape
-    start = np.zeros((b, s), np.int32)
-    end = np.zeros((b, s), np.int32)
-    for r in range(b):
-        change = np.flatnonzero(np.diff(seg[r])) + 1
-        starts = np.concatenate([[0], change])
-        ends = np.concatenate([change, [s]])
-        run_ids = seg[r, starts]
-        real = run_ids[run_ids != -1]
-        if len(np.unique(real)) != len(real):
-            raise ValueError(
-                "segment_ids: every document must be one contiguous run of equal ids "
-                f"(row {r} repeats an id after another one)"
-            )
-        lengths = ends - starts
-        start[r] = np.repeat(starts, lengths)
-        end[r] = np.repeat(ends, lengths)
-    pad = seg == -1
-    lts = np.where(pad, 0, end)  # padding columns: every row masked
-    if causal:
-        ind = lts[:, None, :, None]
-    else:
-        ute = np.where(pad, s, start)
-        ind = np.stack([lts, ute], axis=-1)[:, None]
-    return FlashMask(jax.device_put(np.asarray(ind, np.int32)), causal=causal)
-
-
-def from_window(seq_len: int, left: int | None, right: int | None = 0, *, batch: int = 1) -> FlashMask:
-    """Sliding window: query i sees keys j with ``i - left <= j <= i + right`` (None = unbounded).
-
-    ``right=0`` is the causal sliding window (``causal=True``, D=1); anything else is
-    ``causal=False`` with (LTS, UTE).
-    """
-    for name, w in (("left", left), ("right", right)):
-        if w is not None and w < 0:
-            raise ValueError(f"from_window: {name} must be >= 0 or None, got {w}")
-    j = np.arange(seq_len, dtype=np.int64)
-    lts = seq_len if left is None else np.minimum(j + left + 1, seq_len)
-    lts = np.broadcast_to(lts, (seq_len,)).astype(np.int32)
-    if right == 0:
-        ind = lts[None, None, :, None]
-        causal = True
-    else:
-        ute = 0 if right is None else np.clip(j - right, 0, seq_len)
-        ute = np.broadcast_to(ute, (seq_len,)).astype(np.int32)
-        ind = np.stack([lts, ute], axis=-1)[None, None]
-        causal = False
-    ind = np.broadcast_to(ind, (batch,) + ind.shape[1:])
-    return FlashMask(jax.device_put(np.asarray(ind, np.int32)), causal=causal)

@@ -1,4 +1,5 @@
-"""Flax NNX attention layer backed by `jax_flashmask.attention`.
+"""Flax NNX attention layer backed by `jax_flashmask.attention`, and `attention_fn`, the hook for
+Flax's own attention modules (``nnx.MultiHeadAttention``, linen's ``MultiHeadDotProductAttention``).
 
 Needs Flax with NNX: ``pip install 'jax_flashmask[flax]'``.
 """
@@ -13,11 +14,83 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
         "`pip install 'jax_flashmask[flax]'` (or `pip install flax`)"
     ) from e
 
+import math
+
 import jax.numpy as jnp
 
+from .._dot_product_attention import dot_product_attention
+from ..masks import FlashMask
 from ._common import check_head_config, merge_heads, multihead_attention, split_heads
 
-__all__ = ["FlashMaskAttention"]
+__all__ = ["FlashMaskAttention", "attention_fn"]
+
+
+def attention_fn(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    broadcast_dropout: bool = True,
+    dropout_rng=None,
+    dropout_rate: float = 0.0,
+    deterministic: bool = False,
+    dtype=None,
+    precision=None,
+    module=None,
+    promote_dtype=None,
+    is_causal: bool = False,
+    force_fp32_for_softmax: bool = False,
+    qk_attn_weights_einsum=None,
+    attn_weights_value_einsum=None,
+    *,
+    implementation: str | None = None,
+    logits_soft_cap: float | None = None,
+):
+    """Flax's ``dot_product_attention`` signature on `jax_flashmask.dot_product_attention`.
+
+    Pass it as ``nnx.MultiHeadAttention(..., attention_fn=attention_fn)`` or
+    ``nn.MultiHeadDotProductAttention(attention_fn=attention_fn)`` (linen keeps only the keywords
+    that this signature names, so every one of them is spelled out), then call the layer with
+    ``mask=`` a `jax_flashmask.FlashMask` (Flax passes it through untouched; it works under jit), a
+    boolean / 0-1 mask broadcastable to ``[batch..., N, T, S]`` (True = attend; converted on the
+    host by `masks.from_dense`, so it must be concrete), or None. ``is_causal`` is top-left, as
+    Flax's. Choose the implementation or a soft cap with ``functools.partial(attention_fn,
+    implementation="xla", logits_soft_cap=30.0)``.
+
+    Dropout on the attention weights is not implemented: the dropout arguments are ignored when
+    dropout is off (``dropout_rate == 0`` or ``deterministic``), otherwise ``NotImplementedError``.
+    Sowing the weights (``module`` given, Flax's ``sow_weights=True``), a `bias` and custom einsums
+    raise too (there is no weight matrix); `precision` and `force_fp32_for_softmax` are ignored
+    (scores and softmax are float32 already). `dtype` casts q, k, v (else they are promoted to
+    one dtype).
+    """
+    del broadcast_dropout, dropout_rng, precision, force_fp32_for_softmax
+    if dropout_rate and not deterministic:
+        raise NotImplementedError(
+            f"attention dropout (dropout_rate={dropout_rate}, deterministic=False) is not implemented "
+            "by jax_flashmask: set the layer's dropout_rate=0 or call it with deterministic=True")
+    if module is not None:
+        raise NotImplementedError("sow_weights=True: jax_flashmask never forms the attention weights; "
+                                  "call the layer with sow_weights=False")
+    if qk_attn_weights_einsum is not None or attn_weights_value_einsum is not None:
+        raise NotImplementedError("custom attention einsums (qk_attn_weights_einsum / "
+                                  "attn_weights_value_einsum) are not supported by jax_flashmask")
+    if dtype is None:
+        dtype = jnp.result_type(query, key, value)
+    query, key, value = (jnp.asarray(x, dtype) for x in (query, key, value))
+    batch_dims = query.shape[:-3]
+    if len(batch_dims) > 1:  # Flax allows several batch dims: fold them into one
+        query, key, value = (x.reshape((math.prod(batch_dims),) + x.shape[-3:]) for x in (query, key, value))
+        if mask is not None and not isinstance(mask, FlashMask):
+            mask = jnp.broadcast_to(mask, batch_dims + mask.shape[-3:]).reshape((-1,) + mask.shape[-3:])
+    kw = dict(bias=bias, is_causal=is_causal, implementation=implementation, logits_soft_cap=logits_soft_cap)
+    if isinstance(mask, FlashMask):
+        out = dot_product_attention(query, key, value, flash_mask=mask, **kw)
+    else:  # Flax's masks are often float 0 / 1
+        mask = None if mask is None else jnp.asarray(mask).astype(bool)
+        out = dot_product_attention(query, key, value, mask=mask, **kw)
+    return out.reshape(batch_dims + out.shape[-3:]) if len(batch_dims) > 1 else out
 
 
 class FlashMaskAttention(nnx.Module):
