@@ -282,8 +282,9 @@ def attention_tiles(hlo_text):
     The portable implementation maps over query tiles (forward, dQ) and key tiles (dK/dV) with
     `lax.map`: loops with a static trip count, whose sum is the number of (batch row, mask head,
     tile) triples this device computes. (Inner loops over key blocks have dynamic counts.) A loop
-    of a single trip is removed by XLA, so the count is exact when each loop runs >= 2 tiles."""
-    return sum(int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', hlo_text))
+    of a single trip is removed by XLA, so the count is exact when each loop runs >= 2 tiles.
+    None when the program has no such loops (the Hopper kernels' tiles live inside the kernels)."""
+    return sum(int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', hlo_text)) or None
 
 
 # ------------------------------------------------------------------------------------- training
@@ -331,7 +332,8 @@ def train(cfg, mask_kind, train_docs, held_docs, *, mesh, cp=None, progress=True
         m = nnx.merge(graphdef, params, rest)
         mask = FlashMask(batch["mask"], causal=True) if use_mask else None
         if cp is None:
-            return m(batch["tokens"], mask, attention_fn=heads_sharded_attention(mesh) if tensor_parallel else None)
+            attn = heads_sharded_attention(mesh) if tensor_parallel else None
+            return m(batch["tokens"], mask, attention_fn=attn)
         attn = functools.partial(cp.context_parallel_attention, plan=batch["plan"], mesh=mesh,
                                  axis_name="context", batch_axis="data",
                                  head_axis="tensor" if tensor_parallel else None)
@@ -389,8 +391,9 @@ def train(cfg, mask_kind, train_docs, held_docs, *, mesh, cp=None, progress=True
     hlo = step_fn.as_text()
     hist["tiles_per_device"] = attention_tiles(hlo)
     hist["mesh"] = dict(mesh.shape)
-    log(f"  [{mask_kind}] mesh {dict(mesh.shape)}: {hist['tiles_per_device']} attention tiles per device "
-        "and step (forward + backward, from the compiled program)")
+    if hist["tiles_per_device"] is not None:
+        log(f"  [{mask_kind}] mesh {dict(mesh.shape)}: {hist['tiles_per_device']} attention tiles per "
+            "device and step (forward + backward, from the compiled program)")
     bar = _progress(steps, f"{mask_kind:>8}", progress)
     post = {}  # last held-out numbers, kept in the bar's postfix
     t0 = time.perf_counter()
