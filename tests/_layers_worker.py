@@ -113,11 +113,12 @@ def check_step(name, params, make_apply, mesh, batch_axis, head_axis=None, split
     step = make_step(make_apply(attention_fn), tx)
     rows = NamedSharding(mesh, P(batch_axis))
     place = lambda path, leaf: NamedSharding(mesh, split(_names(path), leaf) if split else P())  # noqa: E731
-    p = jax.device_put(params, jax.tree_util.tree_map_with_path(place, params))
-    o = block(jax.jit(tx.init)(p))
-    args = (p, o, jax.device_put(x, rows), jax.device_put(target, rows), jax.device_put(mask, rows))
-    text = step.lower(*args).compile().as_text()
-    got = block(step(*args))
+    with jax.set_mesh(mesh):  # needed by Explicit axes, harmless for Auto ones
+        p = jax.device_put(params, jax.tree_util.tree_map_with_path(place, params))
+        o = block(jax.jit(tx.init)(p))
+        args = (p, o, jax.device_put(x, rows), jax.device_put(target, rows), jax.device_put(mask, rows))
+        text = step.lower(*args).compile().as_text()
+        got = block(step(*args))
     compare(name, got[:3], want[:3])
 
     largest = max(leaf.size for leaf in jax.tree.leaves(params))
@@ -181,8 +182,9 @@ def equinox_params_and_apply(vmapped=False):
     return params, make_apply, split
 
 
-def mesh(shape, names):
-    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
+def mesh(shape, names, explicit=False):
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return jax.make_mesh(shape, names, axis_types=(kind,) * len(shape),
                          devices=jax.devices()[: int(np.prod(shape))])
 
 
@@ -190,6 +192,9 @@ def run_layouts(label, params_and_apply):
     params, make_apply, split = params_and_apply()
     check_step(f"{label}, batch 8", params, make_apply, mesh((8,), ("data",)), "data")
     check_step(f"{label}, batch 4", params, make_apply, mesh((4,), ("data",)), "data")
+    # jax.make_mesh's default axes are Explicit (sharding in types)
+    check_step(f"{label}, batch 8, explicit axes", params, make_apply, mesh((8,), ("data",), explicit=True),
+               "data")
     check_step(f"{label}, batch 2 x heads 4 (tensor parallel)", params, make_apply,
                mesh((2, 4), ("data", "model")), "data", "model", split)
 
