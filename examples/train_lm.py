@@ -287,6 +287,14 @@ def attention_tiles(hlo_text):
     return sum(int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', hlo_text)) or None
 
 
+def collective_counts(hlo_text):
+    """{collective op: how many} in a compiled program (data parallel: only the gradients'
+    all-reduce; nothing gathers activations)."""
+    ops = re.findall(r"\s(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(",
+                     hlo_text)
+    return {op: ops.count(op) for op in sorted(set(ops))}
+
+
 # ------------------------------------------------------------------------------------- training
 
 
@@ -390,6 +398,7 @@ def train(cfg, mask_kind, train_docs, held_docs, *, mesh, cp=None, progress=True
     step_fn = train_step.lower(params, opt_state, device_batch(data, slice(0, Bsz))).compile()
     hlo = step_fn.as_text()
     hist["tiles_per_device"] = attention_tiles(hlo)
+    hist["collectives"] = collective_counts(hlo)
     hist["mesh"] = dict(mesh.shape)
     if hist["tiles_per_device"] is not None:
         log(f"  [{mask_kind}] mesh {dict(mesh.shape)}: {hist['tiles_per_device']} attention tiles per "

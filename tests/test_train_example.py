@@ -73,14 +73,16 @@ common = ["--preset", "tiny", "--layers", "1", "--steps", "4", "--eval-every", "
 runs = {}
 for name, extra in (("one", ["--devices", "1"]), ("dp4", []), ("dp2_tp2", ["--tensor-parallel", "2"])):
     h = mod.main(common + extra)["document"]
-    runs[name] = dict(mesh=h["mesh"], tiles=h["tiles_per_device"], loss=h["train_loss"], eval=h["eval"])
+    runs[name] = dict(mesh=h["mesh"], tiles=h["tiles_per_device"], loss=h["train_loss"], eval=h["eval"],
+                      collectives=h["collectives"])
 print("RESULT " + json.dumps(runs))
 """
 
 
 def test_sharded_training_divides_attention_and_matches_one_device(tmp_path):
     """Data parallel over 4 devices visits a quarter of the attention tiles per device (read from
-    the compiled step) and trains to the same losses as one device; so does data 2 x tensor 2."""
+    the compiled step), compiles with no all-gather, and trains to the same losses as one device;
+    so does data 2 x tensor 2."""
     import json
     import os
     import subprocess
@@ -104,6 +106,11 @@ def test_sharded_training_divides_attention_and_matches_one_device(tmp_path):
     assert one["tiles"] == 24, one
     assert dp4["tiles"] * 4 == one["tiles"], (dp4, one)
     assert tp["tiles"] * 2 == one["tiles"], (tp, one)
+    # nothing gathers activations: the gradients' all-reduce (and tensor parallelism's all-reduces
+    # after the O and MLP-down projections) is all the traffic
+    assert one["collectives"] == {}, one
+    assert set(dp4["collectives"]) == {"all-reduce"}, dp4
+    assert set(tp["collectives"]) == {"all-reduce"}, tp
     # same seed, same batches: float32 sums in another order, amplified a little by 4 Adam steps
     for run in (dp4, tp):
         np.testing.assert_allclose(run["loss"], one["loss"], rtol=2e-5)
