@@ -238,7 +238,8 @@ def make_mesh(batch_size, cp_size=1, tp_size=1, num_devices=None):
 
 # Megatron-style tensor parallelism: these weights are split by output column (Q/K/V heads, MLP
 # hidden units) and these by input row (O, MLP down), so the heads of q/k/v and the attention
-# output stay on their device and each block needs one all-reduce forward and one backward.
+# output stay on their device; attention and MLP each need one all-reduce of [B, S, d_model]
+# forward (after O / down) and one backward (into the layer's input).
 _COLUMN_SPLIT = ("q_proj", "k_proj", "v_proj", "up")
 _ROW_SPLIT = ("o_proj", "down")
 
@@ -296,8 +297,6 @@ def collective_counts(hlo_text):
 
 
 # ------------------------------------------------------------------------------------- training
-
-
 def xent(logits, targets, weights):
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
