@@ -5,8 +5,8 @@ Run as ``python tests/_multihost_worker.py PROCESS_ID NUM_PROCESSES PORT``. Ever
 the same global problem from one seed, computes the single-device reference itself on its first
 local device, then runs on the mesh over all processes' devices:
 
-* batch-sharded `attention` under jit (the batch split over all 8 devices of both processes):
-  out, lse, dq, dk, dv;
+* batch-sharded `attention` under jit (the batch split over all 8 devices of both processes, each
+  process handing over only its own rows): out, lse, dq, dk, dv;
 * `context_parallel_attention(comm="hierarchical")` on the mesh (process, local) = (2, 4), the
   process the slow axis: out and dq, dk, dv.
 
@@ -125,8 +125,12 @@ def batch_sharded():
     q, k, v, mask, w = problem(8, 48, 4, 2)
     want = reference(q, k, v, mask, w)
     mesh = Mesh(process_grid().reshape(-1), ("data",))
-    rows = P("data")
-    gq, gk, gv, gm, gw = (global_array(x, mesh, rows) for x in (q, k, v, mask, w))
+    rows = NamedSharding(mesh, P("data"))
+    # as a data loader would: each process passes only its own rows (devices ordered by process)
+    per = q.shape[0] // jax.process_count()
+    mine = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
+    gq, gk, gv, gm, gw = (jax.make_array_from_process_local_data(rows, x[mine], x.shape)
+                          for x in (q, k, v, mask, w))
 
     def loss(q, k, v, mask, w):
         o, lse = jf.attention(q, k, v, FlashMask(mask, causal=True), return_residual=True,
