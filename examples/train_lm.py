@@ -11,9 +11,14 @@ layer is `jax_flashmask.nn.flax.FlashMaskAttention` (Flax NNX).
     python examples/train_lm.py --compare          # plain causal vs causal_document, plots both
     python examples/train_lm.py --preset gpu --compare   # a GPU-sized run (bf16, S=2048)
 
-Data parallel over all devices (a ``NamedSharding`` on the batch axis; on CPU try
-``XLA_FLAGS=--xla_force_host_platform_device_count=2``). ``--context-parallel P`` also splits
-the sequence over P devices with `jax_flashmask.context_parallel` (see `_context_parallel_hook`).
+Sharded with ``jax.jit`` and ``NamedSharding`` on a mesh ``data x context x tensor`` over all
+devices (or the first ``--devices N``; on CPU try ``XLA_FLAGS=--xla_force_host_platform_device_count=4``):
+the batch is split over "data" (each device computes attention for its own rows only: the tiles
+per device that the script prints drop by the data-parallel degree), ``--tensor-parallel N``
+splits the heads over N devices (Megatron-style: Q/K/V and MLP-up weights split by output column,
+O and MLP-down by input row, so a GQA group stays on one device and attention needs no
+communication), and ``--context-parallel P`` splits the sequence over P devices with
+`jax_flashmask.context_parallel` (see `_context_parallel_hook`).
 
 What the mask buys: with a plain causal mask every token also attends to the unrelated documents
 packed before it. ``--compare`` trains the same model (same init, same batches) both ways and
@@ -34,6 +39,7 @@ import functools
 import json
 import math
 import pathlib
+import re
 import sys
 import sysconfig
 import time
@@ -215,15 +221,82 @@ def _context_parallel_hook(cp_size, seq_len):
     return cp
 
 
-# ------------------------------------------------------------------------------------- training
-def make_mesh(batch_size, cp_size):
-    devices = jax.devices()
-    dp = max(1, len(devices) // cp_size)
+# ------------------------------------------------------------------------------------- sharding
+def make_mesh(batch_size, cp_size=1, tp_size=1, num_devices=None):
+    """Mesh ("data", "context", "tensor"): data parallel over what context x tensor leave over."""
+    devices = jax.devices()[:num_devices] if num_devices else jax.devices()
+    if len(devices) < cp_size * tp_size:
+        raise SystemExit(f"--context-parallel {cp_size} x --tensor-parallel {tp_size} needs "
+                         f"{cp_size * tp_size} devices, found {len(devices)} "
+                         "(on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    dp = max(1, len(devices) // (cp_size * tp_size))
     while batch_size % dp:
         dp -= 1
-    return Mesh(np.array(devices[: dp * cp_size]).reshape(dp, cp_size), ("data", "context"))
+    grid = np.array(devices[: dp * cp_size * tp_size]).reshape(dp, cp_size, tp_size)
+    return Mesh(grid, ("data", "context", "tensor"))
 
 
+# Megatron-style tensor parallelism: these weights are split by output column (Q/K/V heads, MLP
+# hidden units) and these by input row (O, MLP down), so the heads of q/k/v and the attention
+# output stay on their device; attention and MLP each need one all-reduce of [B, S, d_model]
+# forward (after O / down) and one backward (into the layer's input).
+_COLUMN_SPLIT = ("q_proj", "k_proj", "v_proj", "up")
+_ROW_SPLIT = ("o_proj", "down")
+
+
+def param_spec(path, leaf):
+    """PartitionSpec of one parameter (its state path) under --tensor-parallel."""
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    if getattr(leaf, "ndim", 0) == 0:
+        return P()
+    if any(n in _COLUMN_SPLIT for n in names):
+        return P(None, "tensor") if "kernel" in names else P("tensor")  # kernel [in, out], bias [out]
+    if any(n in _ROW_SPLIT for n in names) and "kernel" in names:
+        return P("tensor", None)
+    return P()
+
+
+def check_tensor_parallel(cfg, tp):
+    if tp <= 1:
+        return
+    for name, n in (("heads", cfg["heads"]), ("kv-heads", cfg["kv_heads"]), ("4 * d-model", 4 * cfg["d_model"])):
+        if n % tp:
+            raise SystemExit(f"--tensor-parallel {tp}: {name} = {n} is not a multiple of {tp} "
+                             "(each device holds whole GQA groups)")
+
+
+def heads_sharded_attention(mesh):
+    """`jax_flashmask.attention` with q/k/v pinned to (batch on "data", heads on "tensor"):
+    what the sharded projections produce anyway; the constraint makes it the layout's contract."""
+    heads = NamedSharding(mesh, P("data", None, "tensor", None))
+
+    def attn(q, k, v, *args, **kwargs):
+        q, k, v = (jax.lax.with_sharding_constraint(x, heads) for x in (q, k, v))
+        return jfm.attention(q, k, v, *args, **kwargs)
+
+    return attn
+
+
+def attention_tiles(hlo_text):
+    """Attention tiles one device visits per compiled step, read from the compiled program.
+
+    The portable implementation maps over query tiles (forward, dQ) and key tiles (dK/dV) with
+    `lax.map`: loops with a static trip count, whose sum is the number of (batch row, mask head,
+    tile) triples this device computes. (Inner loops over key blocks have dynamic counts.) A loop
+    of a single trip is removed by XLA, so the count is exact when each loop runs >= 2 tiles.
+    None when the program has no such loops (the Hopper kernels' tiles live inside the kernels)."""
+    return sum(int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', hlo_text)) or None
+
+
+def collective_counts(hlo_text):
+    """{collective op: how many} in a compiled program (data parallel: only the gradients'
+    all-reduce; nothing gathers activations)."""
+    ops = re.findall(r"\s(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(",
+                     hlo_text)
+    return {op: ops.count(op) for op in sorted(set(ops))}
+
+
+# ------------------------------------------------------------------------------------- training
 def xent(logits, targets, weights):
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -244,31 +317,42 @@ def train(cfg, mask_kind, train_docs, held_docs, *, mesh, cp=None, progress=True
                   dtype, rngs=nnx.Rngs(cfg["seed"]))
 
     replicated = NamedSharding(mesh, P())
-    graphdef, _, rest = nnx.split(nnx.eval_shape(create), nnx.Param, ...)
-    # one compiled init (not op by op), replicated over the mesh
-    params = jax.jit(lambda: nnx.state(create(), nnx.Param), out_shardings=replicated)()
+    tensor_parallel = mesh.shape["tensor"] > 1
+    graphdef, abstract, rest = nnx.split(nnx.eval_shape(create), nnx.Param, ...)
+    # replicated, or split over "tensor" (param_spec); one compiled init, not op by op
+    spec_of = param_spec if tensor_parallel else (lambda path, leaf: P())
+    param_shardings = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, spec_of(path, leaf)), abstract)
+    params = jax.jit(lambda: nnx.state(create(), nnx.Param), out_shardings=param_shardings)()
     sched = optax.warmup_cosine_decay_schedule(0.0, cfg["lr"], max(1, steps // 10), steps, cfg["lr"] / 10)
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.98, weight_decay=0.01))
+    # Adam's moments are split like their parameters; step counts are replicated
+    opt_shardings = optax.tree_map_params(tx, lambda _, sh: sh, jax.eval_shape(tx.init, params),
+                                          param_shardings, transform_non_params=lambda _: replicated)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
 
     # [B, S] arrays: batch over "data", sequence over "context" (size 1 without --context-parallel)
     batch_sharding = NamedSharding(mesh, P("data", "context"))
     mask_sharding = NamedSharding(mesh, P("data"))  # [B, 1, S, 1]: global, every rank holds it
-    opt_state = jax.jit(tx.init, out_shardings=replicated)(params)  # same types as step outputs
 
     def forward(params, batch):
         m = nnx.merge(graphdef, params, rest)
         mask = FlashMask(batch["mask"], causal=True) if use_mask else None
         if cp is None:
-            return m(batch["tokens"], mask)
+            attn = heads_sharded_attention(mesh) if tensor_parallel else None
+            return m(batch["tokens"], mask, attention_fn=attn)
         attn = functools.partial(cp.context_parallel_attention, plan=batch["plan"], mesh=mesh,
-                                 axis_name="context", batch_axis="data")
+                                 axis_name="context", batch_axis="data",
+                                 head_axis="tensor" if tensor_parallel else None)
         return m(batch["tokens"], mask, positions=batch["positions"], attention_fn=attn)
 
     def loss_fn(params, batch):
         nll, total = xent(forward(params, batch), batch["targets"], batch["weight"])
         return total / jnp.maximum(jnp.sum(batch["weight"]), 1.0)
 
-    @jax.jit
+    # shardings pinned on both sides: the compiled step takes back what it returns
+    @functools.partial(jax.jit, in_shardings=(param_shardings, opt_shardings, None),
+                       out_shardings=(param_shardings, opt_shardings, replicated))
     def train_step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -309,12 +393,21 @@ def train(cfg, mask_kind, train_docs, held_docs, *, mesh, cp=None, progress=True
         return float(tot[0] / tot[1]), float(tot[2] / tot[3])
 
     hist = dict(mask=mask_kind, train_loss=[], eval=[])
+    # compiled once up front, so that the per-device work can be read from the program
+    step_fn = train_step.lower(params, opt_state, device_batch(data, slice(0, Bsz))).compile()
+    hlo = step_fn.as_text()
+    hist["tiles_per_device"] = attention_tiles(hlo)
+    hist["collectives"] = collective_counts(hlo)
+    hist["mesh"] = dict(mesh.shape)
+    if hist["tiles_per_device"] is not None:
+        log(f"  [{mask_kind}] mesh {dict(mesh.shape)}: {hist['tiles_per_device']} attention tiles per "
+            "device and step (forward + backward, from the compiled program)")
     bar = _progress(steps, f"{mask_kind:>8}", progress)
     post = {}  # last held-out numbers, kept in the bar's postfix
     t0 = time.perf_counter()
     for step in range(steps):
         batch = device_batch(data, slice(step * Bsz, (step + 1) * Bsz))
-        params, opt_state, loss = train_step(params, opt_state, batch)
+        params, opt_state, loss = step_fn(params, opt_state, batch)
         loss = float(loss)
         if not math.isfinite(loss):
             raise FloatingPointError(f"{mask_kind}: loss is {loss} at step {step}")
@@ -422,6 +515,10 @@ def parse_args(argv=None):
                    help="jax_flashmask.attention implementation (default: best available)")
     p.add_argument("--context-parallel", type=int, default=1, metavar="P",
                    help="split sequences over P devices (needs jax_flashmask.context_parallel)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the heads (and MLP) over N devices; heads and kv-heads divisible by N")
+    p.add_argument("--devices", type=int, default=None, metavar="N",
+                   help="use the first N devices (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=str(pathlib.Path(__file__).resolve().parent / "runs"),
                    help="where the plot and results.json go (default examples/runs/)")
@@ -439,7 +536,7 @@ def config_from(args):
         if v is not None:
             cfg[k] = v
     cfg.update(head_bytes=args.head_bytes, seed=args.seed, implementation=args.implementation,
-               context_parallel=args.context_parallel)
+               context_parallel=args.context_parallel, tensor_parallel=args.tensor_parallel)
     cfg["eval_seqs"] = max(cfg["eval_seqs"], cfg["batch_size"])
     return cfg
 
@@ -449,7 +546,8 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = config_from(args)
     cp = _context_parallel_hook(cfg["context_parallel"], cfg["seq_len"])
-    mesh = make_mesh(cfg["batch_size"], cfg["context_parallel"])
+    check_tensor_parallel(cfg, cfg["tensor_parallel"])
+    mesh = make_mesh(cfg["batch_size"], cfg["context_parallel"], cfg["tensor_parallel"], args.devices)
     train_docs, held_docs = load_documents(cfg["doc_len"], cfg["seed"], args.max_files)
     kinds = ["causal", "document"] if args.compare else [args.mask]
     print(f"jax {jax.__version__} on {len(mesh.devices.flat)} {jax.default_backend()} device(s), "
