@@ -19,7 +19,6 @@ single-device step, and the compiled step may hold no all-gather at all:
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -41,12 +40,6 @@ from _hlo import large_collectives  # noqa: E402
 # 4096 (16384 gathered), k/v 2048 (8192 gathered), layer output [4, 64, 48] = 12288
 B, S, F, N, K, D = 8, 64, 48, 8, 4, 8
 
-
-def hlo_collectives(text):
-    """`large_collectives` of a compiled program, with XLA's ``/*index=5*/`` comments removed
-    first: inside the tuple type of a combined collective (e.g. the gradient all-reduces) their
-    '=' stops _hlo's pattern, and the whole collective would go uncounted."""
-    return large_collectives(re.sub(r"/\*.*?\*/", "", text))
 
 
 def log(msg):
@@ -131,7 +124,7 @@ def check_step(name, params, make_apply, mesh, batch_axis, head_axis=None, split
 
     largest = max(leaf.size for leaf in jax.tree.leaves(params))
     combine = (B // mesh.shape[batch_axis]) * S * F  # the output projection's partial sums
-    found = hlo_collectives(text)
+    found = large_collectives(text)
     bad = [c for c in found if c[0] == "all-gather" or
            (c[1] > largest and not (head_axis and c == ("all-reduce", combine)))]
     if bad:

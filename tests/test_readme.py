@@ -8,13 +8,13 @@ that for blocks that cannot run on a CPU (a GPU, many hosts).
 """
 
 import json
-import os
 import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
+from _subprocess import worker_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -59,10 +59,7 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("readme")
     todo = [(line, src) for line, src in BLOCKS if not SKIP.search(src)]
     (tmp / "blocks.json").write_text(json.dumps(todo))
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env = worker_env(devices=4)
     env["MPLBACKEND"] = "Agg"
     proc = subprocess.run([sys.executable, "-c", RUNNER, str(tmp / "blocks.json"), str(tmp / "out.json")],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=900)

@@ -84,15 +84,13 @@ def test_sharded_training_divides_attention_and_matches_one_device(tmp_path):
     the compiled step), compiles with no all-gather, and trains to the same losses as one device;
     so does data 2 x tensor 2."""
     import json
-    import os
     import subprocess
     import sys
 
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
-    env["JAX_PLATFORMS"] = "cpu"
+    from _subprocess import worker_env
+
+    env = worker_env(devices=4)
     root = str(EXAMPLE.parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.run([sys.executable, "-c", _SHARDED, str(EXAMPLE), str(tmp_path)], env=env,
                           cwd=root, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr

@@ -16,7 +16,6 @@ Skipped with fewer than two GPUs or without the compiled CUDA extension. Run wit
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 
@@ -34,12 +33,6 @@ from _hlo import large_collectives  # noqa: E402
 from jax_flashmask import backends, masks  # noqa: E402
 from jax_flashmask import context_parallel as cp  # noqa: E402
 
-
-def hlo_collectives(text):
-    """`large_collectives` of a compiled program, with XLA's ``/*index=5*/`` comments removed
-    first: inside the tuple type of a combined collective (e.g. the gradient all-reduces) their
-    '=' stops _hlo's pattern, and the whole collective would go uncounted."""
-    return large_collectives(re.sub(r"/\*.*?\*/", "", text))
 
 
 def _gpus():
@@ -142,7 +135,7 @@ def test_layout_equals_one_gpu(layout):
     (_, (out, _)), (dq, dk, _) = got
     assert same_spec(out.sharding.spec, spec_q) and same_spec(dq.sharding.spec, spec_q), (out.sharding, dq.sharding)
     assert same_spec(dk.sharding.spec, spec_kv), dk.sharding
-    found = hlo_collectives(text)
+    found = large_collectives(text)
     if comm == "none":
         assert not found, f"{name}: expected no collectives, found {found}"
     else:
@@ -185,7 +178,7 @@ def test_context_parallel_equals_one_gpu(comm):
     text = f.lower(*args).compile().as_text()
     got = jax.block_until_ready(f(*args))
     compare(f"context parallel {comm}", got, want)
-    found = hlo_collectives(text)
+    found = large_collectives(text)
     assert all(size < q.size for _, size in found), f"context parallel {comm}: a collective as large as q: {found}"
     print(f"context_parallel comm={comm} on {NGPU} GPUs: equal to one GPU; collectives {sorted(set(found))}")
 
