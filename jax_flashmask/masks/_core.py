@@ -182,6 +182,24 @@ def dense_from_bounds(bounds, q_len: int) -> jax.Array:
     return ((lts <= i) & (i < lte)) | ((uts <= i) & (i < ute))
 
 
+def columns_fully_masked(bounds, n_rows, xp=jnp):
+    """``[..., L]`` bool from canonical bounds ``[..., 4, L]``: is every one of the `n_rows` rows
+    masked in this column?
+
+    The union of ``[LTS, LTE)`` and ``[UTS, UTE)`` covers ``[0, n_rows)`` (empty ranges never help).
+    `xp` is accepted for symmetry with the host (numpy) callers; the arithmetic works on both.
+    """
+    del xp
+    lts, lte, uts, ute = (bounds[..., k, :] for k in range(4))
+    lo_ok = lts < lte
+    up_ok = uts < ute
+    a = lo_ok & (lts <= 0) & (lte >= n_rows)
+    b = up_ok & (uts <= 0) & (ute >= n_rows)
+    c = lo_ok & up_ok & (lts <= 0) & (lte >= uts) & (ute >= n_rows)
+    d = lo_ok & up_ok & (uts <= 0) & (ute >= lts) & (lte >= n_rows)
+    return a | b | c | d | (n_rows <= 0)
+
+
 def to_dense(startend_row_indices, *, causal: bool, q_len: int | None = None) -> jax.Array:
     """The dense view: boolean ``[B, Hm, Sq, Sk]``, True where the cell is masked.
 
