@@ -39,17 +39,26 @@ def _check_inputs(query, key, value, scale, implementation):
     b, sq, n, d = query.shape
     if key.shape != value.shape:
         raise ValueError(f"key and value must have the same shape [B, Sk, K, d], got {key.shape} and {value.shape}")
+    # Empty arrays are refused rather than answered with an empty result: a zero-size batch or
+    # head axis is almost always a slicing or reshaping mistake upstream.
+    for name, size in (("query batch B (query.shape[0])", b), ("query length Sq (query.shape[1])", sq),
+                       ("query heads N (query.shape[2])", n), ("head dim d (query.shape[3])", d),
+                       ("key length Sk (key.shape[1])", key.shape[1]),
+                       ("kv heads K (key.shape[2])", key.shape[2])):
+        if size < 1:
+            raise ValueError(
+                f"{name} is 0 (query {query.shape}, key {key.shape}): jax_flashmask.attention "
+                "needs every dimension >= 1; skip the call for an empty batch"
+            )
     if key.shape[0] != b:
         raise ValueError(f"key/value batch {key.shape[0]} does not match query batch {b}")
     if key.shape[3] != d:
         raise ValueError(f"key/value head dim {key.shape[3]} does not match query head dim {d}")
     kh = key.shape[2]
-    if kh == 0 or n % kh:
+    if n % kh:
         raise ValueError(
             f"the number of query heads N={n} must be a multiple of the number of kv heads K={kh} (GQA/MQA)"
         )
-    if min(sq, key.shape[1], d) < 1:
-        raise ValueError(f"empty problem: query {query.shape}, key {key.shape}")
     if scale is not None and not isinstance(scale, (int, float)):
         raise ValueError(f"scale must be a Python float or None, got {type(scale).__name__}")
     if implementation not in IMPLEMENTATIONS:
@@ -138,6 +147,10 @@ def attention(
       ``[B, Sq, N, d]`` in query's dtype, or ``(out, lse)``. Rows whose keys are all masked give
       0 and lse -inf (and zero gradients).
     """
+    for name, flag in (("causal", causal), ("return_residual", return_residual)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool (True or False), got {flag!r}: a string or "
+                            f"number is not read as a flag; pass {name}=bool(...)")
     if isinstance(startend_row_indices, FlashMask):
         mask = startend_row_indices
         if causal and not mask.causal:

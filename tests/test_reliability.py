@@ -186,3 +186,57 @@ def test_portable_small_blocks_masked_cache_slots_in_partial_tiles():
     for a, b in zip(g[1:], g0[1:]):
         np.testing.assert_array_equal(np.asarray(a[0, :n_used]), np.asarray(b[0, :n_used]))
         assert (np.asarray(a[0, n_used:]) == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Bad input: clear errors naming the argument.
+
+
+@pytest.mark.parametrize("dims,name", [
+    ((0, 8, 2, 1, 8), "batch B"), ((1, 8, 0, 1, 8), "query heads N"), ((1, 0, 2, 1, 8), "query length"),
+    ((1, 8, 2, 0, 8), "kv heads K"), ((1, 8, 2, 1, 0), "head dim"),
+])
+def test_empty_dimensions_raise_value_error(dims, name):
+    B, S, N, K, d = dims
+    q = jnp.zeros((B, S, N, d))
+    k = v = jnp.zeros((B, 8, K, d))
+    with pytest.raises(ValueError, match=name):
+        jf.attention(q, k, v, implementation="xla")
+
+
+@pytest.mark.parametrize("arg", ["causal", "return_residual"])
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_flags_must_be_bool(arg, bad):
+    q, k, v = _qkv(0, 1, 8, 8, 1, 1, 8)
+    with pytest.raises(TypeError, match=arg):
+        jf.attention(q, k, v, implementation="xla", **{arg: bad})
+    jf.attention(q, k, v, implementation="xla", **{arg: np.bool_(True)})  # numpy bools are fine
+
+
+def test_validate_requires_q_len():
+    ind = jnp.full((1, 1, 8, 1), 8, jnp.int32)
+    with pytest.raises(TypeError, match="q_len"):
+        masks.validate(ind, causal=True, q_len=None)
+    with pytest.raises(ValueError, match="q_len"):
+        masks.validate(ind, causal=True, q_len=0)
+    masks.validate(ind, causal=True, q_len=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The Equinox layer under jax.vmap with a FlashMask.
+
+
+def test_equinox_layer_vmap_with_flashmask_matches_batched_call():
+    eqx_mod = pytest.importorskip("jax_flashmask.nn.equinox")
+    B, S, F = 3, 32, 16
+    layer = eqx_mod.FlashMaskAttention(F, 4, num_kv_heads=2, implementation="xla",
+                                       key=jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (B, S, F))
+    seg = np.stack([np.repeat([0, 1], [10, 22]), np.repeat([0, 1, 2], [5, 20, 7]),
+                    np.repeat([0, -1], [25, 7])])
+    mask = masks.from_segment_ids(seg, causal=True)
+    want = layer(x, mask)
+    got = jax.vmap(layer)(x, mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    got_jit = jax.jit(jax.vmap(lambda x, m: layer(x, m)))(x, mask)
+    np.testing.assert_allclose(np.asarray(got_jit), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -85,7 +85,15 @@ def validate(
 
     Shapes, dtype and the (causal, D) pair are always checked; values (in ``[0, q_len]``, and each
     range's start no larger than its end) only when the array is concrete and `check_values`.
+    `q_len` (the query length Sq, an int >= 1) is required: ``None`` raises ``TypeError``.
     """
+    if isinstance(q_len, (bool, np.bool_)) or not isinstance(q_len, (int, np.integer)):
+        raise TypeError(
+            f"validate needs q_len, the number of query rows (query.shape[1]) as an int, got "
+            f"{q_len!r}: every boundary is checked against it"
+        )
+    if q_len < 1:
+        raise ValueError(f"q_len must be >= 1 (the number of query rows), got {q_len}")
     x = startend_row_indices
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise ValueError(
