@@ -240,3 +240,77 @@ def test_equinox_layer_vmap_with_flashmask_matches_batched_call():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     got_jit = jax.jit(jax.vmap(lambda x, m: layer(x, m)))(x, mask)
     np.testing.assert_allclose(np.asarray(got_jit), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Context-parallel plans: validated wherever a concrete plan enters.
+
+_BAD_PLANS = [
+    ("duplicate", np.array([[0, 0], [1, 2]]), ValueError, "duplicate ids"),
+    ("negative", np.array([[-1, 0], [1, 2]]), ValueError, "negative ids"),
+    ("out of range", np.array([[0, 4], [1, 2]]), ValueError, "out of range"),
+    ("rank 1", np.arange(4), ValueError, "rank 2"),
+    ("rank 3", np.arange(4).reshape(2, 2, 1), ValueError, "rank 2"),
+    ("float", np.array([[0.0, 3.0], [1.0, 2.0]]), TypeError, "integer"),
+    ("bool", np.array([[True, False]]), TypeError, "integer"),
+]
+
+
+def _entries():
+    x = jnp.zeros((1, 16, 1, 4))
+    ind = masks.from_segment_ids(np.repeat([0, 1], 8), causal=True)
+    yield "permute_tokens", lambda plan: cp.permute_tokens(x, plan)
+    yield "unpermute_tokens", lambda plan: cp.unpermute_tokens(x, plan)
+    yield "token_positions", lambda plan: cp.token_positions(plan, 16)
+    yield "make_schedule", lambda plan: cp.make_schedule(2, 2, plan=plan, needed=np.ones((2, 4), bool))
+    yield "needed_chunks", lambda plan: cp.needed_chunks(ind, plan)
+    yield "pruned_volume", lambda plan: cp.pruned_volume(ind, plan)
+    yield "plan_loads", lambda plan: cp.plan_loads(plan, np.ones(4))
+    yield "validate_plan", lambda plan: cp.validate_plan(plan)
+    yield "local_context_parallel_attention", lambda plan: cp.local_context_parallel_attention(
+        x, x, x, ind, plan=plan, axis_name="cp")
+
+
+@pytest.mark.parametrize("entry", list(_entries()), ids=lambda e: e[0])
+@pytest.mark.parametrize("case", _BAD_PLANS, ids=lambda c: c[0])
+def test_invalid_plans_are_rejected_at_every_entry(entry, case):
+    _, call = entry
+    _, plan, exc, message = case
+    with pytest.raises(exc, match=message) as info:
+        call(plan)
+    assert "plan" in str(info.value)
+
+
+def test_context_parallel_attention_validates_plan_and_mask():
+    mesh = jax.make_mesh((1,), ("cp",))
+    q = jnp.zeros((1, 16, 1, 4))
+    ind = masks.from_segment_ids(np.repeat([0, 1], 8), causal=True)
+    for plan, exc, message in [(np.array([[0, 0]]), ValueError, "duplicate"),
+                               (np.array([[0, 2]]), ValueError, "out of range"),
+                               (np.array([[0.0, 1.0]]), TypeError, "integer"),
+                               (np.array([0, 1]), ValueError, "rank 2"),
+                               (np.array([[0], [1]]), ValueError, "P=2 rows but there are 1 ranks")]:
+        with pytest.raises(exc, match=message):
+            cp.context_parallel_attention(q, q, q, ind, plan=plan, mesh=mesh)
+    with pytest.raises(TypeError, match="mask"):
+        cp.context_parallel_attention(q, q, q, ind.startend_row_indices.astype(jnp.float32),
+                                      plan=np.array([[0, 1]]), mesh=mesh, causal=True)
+    with pytest.raises(ValueError, match="Sq=16"):  # a concrete mask's values are checked too
+        cp.context_parallel_attention(q, q, q, ind.startend_row_indices + 1,
+                                      plan=np.array([[0, 1]]), mesh=mesh, causal=True)
+    qs = jax.device_put(q, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "cp")))
+    out = cp.context_parallel_attention(qs, qs, qs, ind, plan=np.array([[1, 0]]), mesh=mesh)
+    assert out.shape == q.shape
+
+
+def test_traced_plans_are_checked_for_dtype_and_rank_only():
+    x = jnp.arange(16.0).reshape(1, 16, 1, 1)
+    plan = cp.dual_chunk_plan(2)
+    got = jax.jit(lambda p: cp.permute_tokens(x, p))(plan)
+    np.testing.assert_array_equal(got, cp.permute_tokens(x, plan))
+    # ids of a traced plan are data: not checked (documented)
+    jax.jit(lambda p: cp.permute_tokens(x, p))(np.array([[0, 0], [1, 2]]))
+    with pytest.raises(TypeError, match="integer"):
+        jax.jit(lambda p: cp.permute_tokens(x, p))(plan.astype(np.float32))
+    with pytest.raises(ValueError, match="rank 2"):
+        jax.jit(lambda p: cp.permute_tokens(x, p))(plan.reshape(-1))
