@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from . import backends
+from . import _transforms, backends
 from .masks import FlashMask, canonical_bounds, unmasked_bounds, validate
 
 IMPLEMENTATIONS = backends.IMPLEMENTATIONS
@@ -90,7 +90,8 @@ def _flash(q, k, v, bounds, opts: CallOptions):
 
 def _flash_fwd(q, k, v, bounds, opts):
     fwd, _ = opts.kernels()
-    out, lse = fwd(q, k, v, bounds, scale=opts.scale)
+    with _transforms.explain_higher_order():
+        out, lse = fwd(q, k, v, bounds, scale=opts.scale)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
@@ -99,8 +100,9 @@ def _flash_bwd(opts, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
     _, bwd = opts.kernels(backward=True)
-    dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=opts.scale,
-                     deterministic=opts.deterministic)
+    with _transforms.explain_higher_order():
+        dq, dk, dv = bwd(q, k, v, bounds, out, lse, dout, dlse, scale=opts.scale,
+                         deterministic=opts.deterministic)
     return dq, dk, dv, None
 
 
@@ -183,5 +185,6 @@ def attention(
     implementation = backends.choose(implementation, query, logits_soft_cap=logits_soft_cap)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     opts = CallOptions(implementation, scale, deterministic, int(sm_margin), structure, logits_soft_cap)
-    out, lse = _flash(query, key, value, bounds, opts)
+    with _transforms.explain_forward_mode():
+        out, lse = _flash(query, key, value, bounds, opts)
     return (out, lse) if return_residual else out
