@@ -131,7 +131,9 @@ def local_context_parallel_attention(
 
     `query`/`key`/`value`: this rank's shard ``[B, m*C, N|K, d]`` of the permuted layout.
     `mask`: None, a `FlashMask` or int32 ``[B, Hm, S, D]`` in *global* coordinates, replicated over
-    `axis_name` (sharded like q on a batch axis, if any). `plan`: int32 ``[P, m]`` (data).
+    `axis_name` (sharded like q on a batch axis, if any). `plan`: int32 ``[P, m]`` (data; its ids
+    are validated only when it is concrete, e.g. built on the host inside the shard_map body: a
+    traced plan is checked for dtype and rank alone, see `check_plan`).
     `axis_name`: the context-parallel mesh axis, or a tuple of axes (rank = row-major index; for
     ``comm="hierarchical"`` the tuple is ``(slow, fast)``).
     Returns out ``[B, m*C, N, d]`` (and lse f32 ``[B, m*C, N]`` with `return_residual`).
