@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from . import _sharding, backends
+from . import _sharding, _transforms, backends
 from .masks import FlashMask, canonical_bounds, unmasked_bounds, validate
 
 IMPLEMENTATIONS = backends.IMPLEMENTATIONS
@@ -39,17 +39,26 @@ def _check_inputs(query, key, value, scale, implementation):
     b, sq, n, d = query.shape
     if key.shape != value.shape:
         raise ValueError(f"key and value must have the same shape [B, Sk, K, d], got {key.shape} and {value.shape}")
+    # Empty arrays are refused rather than answered with an empty result: a zero-size batch or
+    # head axis is almost always a slicing or reshaping mistake upstream.
+    for name, size in (("query batch B (query.shape[0])", b), ("query length Sq (query.shape[1])", sq),
+                       ("query heads N (query.shape[2])", n), ("head dim d (query.shape[3])", d),
+                       ("key length Sk (key.shape[1])", key.shape[1]),
+                       ("kv heads K (key.shape[2])", key.shape[2])):
+        if size < 1:
+            raise ValueError(
+                f"{name} is 0 (query {query.shape}, key {key.shape}): jax_flashmask.attention "
+                "needs every dimension >= 1; skip the call for an empty batch"
+            )
     if key.shape[0] != b:
         raise ValueError(f"key/value batch {key.shape[0]} does not match query batch {b}")
     if key.shape[3] != d:
         raise ValueError(f"key/value head dim {key.shape[3]} does not match query head dim {d}")
     kh = key.shape[2]
-    if kh == 0 or n % kh:
+    if n % kh:
         raise ValueError(
             f"the number of query heads N={n} must be a multiple of the number of kv heads K={kh} (GQA/MQA)"
         )
-    if min(sq, key.shape[1], d) < 1:
-        raise ValueError(f"empty problem: query {query.shape}, key {key.shape}")
     if scale is not None and not isinstance(scale, (int, float)):
         raise ValueError(f"scale must be a Python float or None, got {type(scale).__name__}")
     if implementation not in IMPLEMENTATIONS:
@@ -79,7 +88,8 @@ def _flash(q, k, v, bounds, opts: CallOptions):
 
 
 def _flash_fwd(q, k, v, bounds, opts):
-    out, lse = _sharding.forward(q, k, v, bounds, opts)
+    with _transforms.explain_higher_order():
+        out, lse = _sharding.forward(q, k, v, bounds, opts)
     residuals = tuple(checkpoint_name(x, name) for x, name in zip((q, k, v, out, lse), RESIDUAL_NAMES))
     return (out, lse), residuals + (bounds,)
 
@@ -87,7 +97,8 @@ def _flash_fwd(q, k, v, bounds, opts):
 def _flash_bwd(opts, residuals, cotangents):
     q, k, v, out, lse, bounds = residuals
     dout, dlse = cotangents
-    dq, dk, dv = _sharding.backward(q, k, v, bounds, out, lse, dout, dlse, opts)
+    with _transforms.explain_higher_order():
+        dq, dk, dv = _sharding.backward(q, k, v, bounds, out, lse, dout, dlse, opts)
     return dq, dk, dv, None
 
 
@@ -134,6 +145,10 @@ def attention(
       ``[B, Sq, N, d]`` in query's dtype, or ``(out, lse)``. Rows whose keys are all masked give
       0 and lse -inf (and zero gradients).
     """
+    for name, flag in (("causal", causal), ("return_residual", return_residual)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool (True or False), got {flag!r}: a string or "
+                            f"number is not read as a flag; pass {name}=bool(...)")
     if isinstance(startend_row_indices, FlashMask):
         mask = startend_row_indices
         if causal and not mask.causal:
@@ -163,7 +178,8 @@ def attention(
     implementation = backends.choose(implementation, query, logits_soft_cap=logits_soft_cap)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     opts = CallOptions(implementation, scale, deterministic, int(sm_margin), structure, logits_soft_cap)
-    out, lse = _attend(query, key, value, startend_row_indices, opts=opts, causal=causal)
+    with _transforms.explain_forward_mode():
+        out, lse = _attend(query, key, value, startend_row_indices, opts=opts, causal=causal)
     return (out, lse) if return_residual else out
 
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _blocks
+from ..masks._core import columns_fully_masked
 
 DEFAULT_BLOCK = 128
 
@@ -50,6 +51,7 @@ class _Layout:
         self.bq, self.bk = _block_size(block_q, self.sq), _block_size(block_k, self.sk)
         self.nq, self.nk = _cdiv(self.sq, self.bq), _cdiv(self.sk, self.bk)
         self.bounds = _blocks.pad_bounds(bounds.astype(jnp.int32), self.nk * self.bk, self.sq)
+        self.dead = columns_fully_masked(self.bounds, self.sq)  # [B, Hm, Skp]: masked for every row
         bmin, bmax = _blocks.block_metadata(self.bounds, self.bk)
         self.cls = _blocks.classify(bmin, bmax, self.sq, self.bq, self.nq)  # [B, Hm, nq, nk]
 
@@ -73,9 +75,16 @@ class _Layout:
 
     # -- key-side tensors: [B, Sk, K, d] -> [B·Hm, Kh, Skp, d] (kv heads gathered per mask head)
     def kv_heads(self, x):
+        """K or V per mask head; rows of key columns masked for every query row are zeroed.
+
+        A partially masked tile multiplies masked cells by P = 0, and 0 * NaN = NaN: zeroing those
+        rows once here (O(Sk·d), next to the O(Sq·Sk·d) tiles) keeps padding or unused cache slots
+        holding NaN/Inf out of every output and gradient.
+        """
         x = jnp.pad(x, [(0, 0), (0, self.nk * self.bk - self.sk), (0, 0), (0, 0)])
         x = x[:, :, self.kv_index]  # [B, Skp, Hm, Kh, d]
         x = jnp.transpose(x, (0, 2, 3, 1, 4))
+        x = jnp.where(self.dead[:, :, None, :, None], jnp.zeros((), x.dtype), x)
         return x.reshape(self.b * self.hm, self.kh, self.nk * self.bk, self.d)
 
     def from_kv_tiles(self, x):
@@ -147,7 +156,9 @@ def forward(q, k, v, bounds, *, scale: float, block_q: int = DEFAULT_BLOCK, bloc
 
         init = (_filled(qt, 0.0, shape + (L.d,)), _filled(qt, -jnp.inf, shape), _filled(qt, 0.0, shape))
         o, m, l = jax.lax.fori_loop(0, count_t, body, init)
-        alive = l > 0
+        # l is 0 exactly when no key of the row was visible (or every visible score was -inf); a
+        # NaN l (NaN/Inf in a visible input) must stay NaN, so test `!= 0`, not `> 0`.
+        alive = l != 0
         l_safe = jnp.where(alive, l, 1.0)
         out = jnp.where(alive[..., None], o / l_safe[..., None], 0.0)
         lse = jnp.where(alive, m + jnp.log(l_safe), -jnp.inf)
@@ -186,8 +197,14 @@ def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float, determ
     delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
-    # Fully-masked rows (lse = -inf) get lse = +inf so that P = exp(S - lse) is exactly 0.
-    lse = jnp.where(jnp.isneginf(lse), jnp.inf, lse)
+    # Fully-masked rows (lse = -inf) get lse = +inf so that P = exp(S - lse) is exactly 0. Their
+    # q, dO and D are zeroed too (O(Sq·d)): P = 0 there, but 0 * NaN = NaN would carry whatever a
+    # padding query holds into dK/dV of the keys it shares a tile with.
+    dead = jnp.isneginf(lse)  # [B, Sq, N]
+    lse = jnp.where(dead, jnp.inf, lse)
+    delta = jnp.where(dead, 0.0, delta)
+    q = jnp.where(dead[..., None], jnp.zeros((), q.dtype), q)
+    dout = jnp.where(dead[..., None], jnp.zeros((), dout.dtype), dout)
     kx, vx = L.kv_heads(k), L.kv_heads(v)
     bounds_bm = L.bounds.reshape(L.b * L.hm, 4, -1)
     q_t, do_t = L.q_tiles(q), L.q_tiles(dout)
@@ -253,4 +270,9 @@ def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float, determ
 
     flat_k = jnp.arange(cls_cols.shape[0], dtype=jnp.int32)
     dk, dv = jax.lax.map(dkv_tile, (flat_k, k_tiles, v_tiles, order_c, count_c, cls_cols))
-    return (L.from_q_tiles(dq), L.from_kv_tiles(dk).astype(k.dtype), L.from_kv_tiles(dv).astype(v.dtype))
+    # Keys masked for every row influence nothing, so their gradient is exactly 0 (a NaN row
+    # elsewhere in their tiles would otherwise reach it through 0 * NaN); rows likewise.
+    dead_k = L.dead.reshape(L.b * L.hm * L.nk, 1, L.bk, 1)
+    dk, dv = jnp.where(dead_k, 0.0, dk), jnp.where(dead_k, 0.0, dv)
+    dq = jnp.where(dead[..., None], jnp.zeros((), q.dtype), L.from_q_tiles(dq))
+    return dq, L.from_kv_tiles(dk).astype(k.dtype), L.from_kv_tiles(dv).astype(v.dtype)

@@ -21,15 +21,24 @@ def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32, logit
     masked = jnp.repeat(masked, n // hm, axis=1)  # query head h uses mask head h // (N // Hm)
     kx = jnp.repeat(k, n // kh, axis=2).astype(compute_dtype)
     vx = jnp.repeat(v, n // kh, axis=2).astype(compute_dtype)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(compute_dtype), kx) * scale
+    # Keys masked for every row (padding, unused cache slots) may hold NaN/Inf: P = 0 there, but
+    # 0 * NaN = NaN in the einsums, so their K/V rows are zeroed (their gradients are then 0).
+    # Queries masked for every key likewise (their gradient flows into dK through 0 * q).
+    dead = jnp.transpose(jnp.all(masked, axis=2), (0, 2, 1))[..., None]  # [B, Sk, N, 1]
+    kx = jnp.where(dead, 0.0, kx)
+    vx = jnp.where(dead, 0.0, vx)
+    dead_q = jnp.transpose(jnp.all(masked, axis=3), (0, 2, 1))[..., None]  # [B, Sq, N, 1]
+    qx = jnp.where(dead_q, 0.0, q.astype(compute_dtype))
+    s = jnp.einsum("bqhd,bkhd->bhqk", qx, kx) * scale
     if logits_soft_cap is not None:
         s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
     s = jnp.where(masked, -jnp.inf, s)
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    # Only a row without a finite-or-+inf score is shifted by 0; NaN and +inf maxima propagate.
+    m = jnp.where(jnp.isneginf(m), 0.0, m)
     e = jnp.exp(s - m)
     denom = jnp.sum(e, axis=-1, keepdims=True)
-    alive = denom > 0
+    alive = denom != 0  # a NaN sum (NaN/Inf in a visible input) must not look fully masked
     p = e / jnp.where(alive, denom, 1.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", p, vx)
     lse = jnp.where(alive, m + jnp.log(jnp.where(alive, denom, 1.0)), -jnp.inf)[..., 0]

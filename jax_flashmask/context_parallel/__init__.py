@@ -11,6 +11,7 @@ from .attention import context_parallel_attention, local_context_parallel_attent
 from .balance import (
     PlanReport,
     balanced_plan,
+    check_plan,
     chunk_workloads,
     contiguous_plan,
     dual_chunk_plan,
@@ -32,7 +33,7 @@ from .localize import bounds_to_indices, chunk_token_index, localize_bounds, loc
 
 __all__ = [
     "context_parallel_attention", "local_context_parallel_attention", "shard_map",
-    "PlanReport", "balanced_plan", "chunk_workloads", "contiguous_plan", "dual_chunk_plan",
+    "PlanReport", "balanced_plan", "check_plan", "chunk_workloads", "contiguous_plan", "dual_chunk_plan",
     "lower_bound", "plan_loads", "tile_workload", "validate_plan",
     "Schedule", "allgather_volume", "comm_volume", "make_schedule", "needed_chunks", "pruned_volume",
     "inverse_positions", "permute_tokens", "token_positions", "unpermute_tokens",

@@ -49,9 +49,10 @@ from jax import lax
 
 from .. import backends
 from .._api import attention as _library_attention
-from ..masks import FlashMask, canonical_bounds, unmasked_bounds
+from ..masks import FlashMask, canonical_bounds, unmasked_bounds, validate
 from . import pieces as pieces_mod
 from ._vma import axis_size as _axis_size, match_vma as _match_vma, shard_map
+from .balance import check_plan
 from .comm import Schedule, make_schedule
 from .localize import (
     bounds_to_indices,
@@ -84,6 +85,13 @@ def _merge(acc, new):
     o = (w1[..., None] * o1 + w2[..., None] * o2) / den_s[..., None]
     lse = jnp.where(ok, mx + jnp.log(den_s), -jnp.inf)
     return o, lse
+
+
+def _check_mask_dtype(mask):
+    if mask is not None and not jnp.issubdtype(jnp.result_type(mask), jnp.integer):
+        raise TypeError(f"mask must be a FlashMask or integer startend_row_indices [B, Hm, S, D] "
+                        f"(int32), got dtype {jnp.result_type(mask)}: a float mask is never "
+                        f"rounded silently; build it with jax_flashmask.masks")
 
 
 def _piece_attention(attn, q, k, v, local_bounds, *, scale, implementation, skip_masked, extra):
@@ -123,7 +131,9 @@ def local_context_parallel_attention(
 
     `query`/`key`/`value`: this rank's shard ``[B, m*C, N|K, d]`` of the permuted layout.
     `mask`: None, a `FlashMask` or int32 ``[B, Hm, S, D]`` in *global* coordinates, replicated over
-    `axis_name` (sharded like q on a batch axis, if any). `plan`: int32 ``[P, m]`` (data).
+    `axis_name` (sharded like q on a batch axis, if any). `plan`: int32 ``[P, m]`` (data; its ids
+    are validated only when it is concrete, e.g. built on the host inside the shard_map body: a
+    traced plan is checked for dtype and rank alone, see `check_plan`).
     `axis_name`: the context-parallel mesh axis, or a tuple of axes (rank = row-major index; for
     ``comm="hierarchical"`` the tuple is ``(slow, fast)``).
     Returns out ``[B, m*C, N, d]`` (and lse f32 ``[B, m*C, N]`` with `return_residual`).
@@ -132,8 +142,10 @@ def local_context_parallel_attention(
     extra = dict(attention_kwargs or {})
     if isinstance(mask, FlashMask):
         causal, mask = mask.causal, mask.startend_row_indices
+    _check_mask_dtype(mask)
     axes = _axis_tuple(axis_name)
     axis = axes if len(axes) > 1 else axes[0]
+    check_plan(plan)  # values only when concrete (a plan built on the host inside shard_map)
     plan = jnp.sort(jnp.asarray(plan).astype(jnp.int32), axis=1)
     P, m = plan.shape
     sizes = [_axis_size(a) for a in axes]
@@ -382,7 +394,10 @@ def context_parallel_attention(
         token order (any (causal, D) mode of SPEC §1; ``Hm`` in {1, K, N}). Data: new values never
         recompile. Passing canonical non-causal D=4 indices makes every mask share one program.
       plan: int32 ``[P, m]`` chunk ids per rank (`dual_chunk_plan`, `balanced_plan(...).plan`);
-        data, sorted internally. ``S`` must be divisible by ``P*m``.
+        data, sorted internally. ``S`` must be divisible by ``P*m``. A concrete plan is validated
+        (`check_plan`: integer dtype, shape ``[P, m]``, every chunk id exactly once) and so is a
+        concrete mask (`jax_flashmask.masks.validate`); a plan or mask traced under the caller's
+        ``jit`` is checked for dtype and shape only: its values are **not** checked.
       mesh, axis_name: the mesh and its context-parallel axis (or ``(slow, fast)`` axes).
       comm: ``"allgather" | "ring" | "hierarchical"`` (see the module docstring).
       schedule: a static `Schedule` from `make_schedule` (pruned when built with ``needed=``).
@@ -424,6 +439,7 @@ def context_parallel_attention(
     if isinstance(mask, FlashMask):
         causal, mask = mask.causal, mask.startend_row_indices
         local = functools.partial(local, causal=causal)
+    _check_mask_dtype(mask)
     if mesh is None:
         o, lse = local(query, key, value, mask, plan=plan)
         return (o, lse) if return_residual else o
@@ -436,6 +452,12 @@ def context_parallel_attention(
     ms = PartitionSpec(mask_batch, mask_heads, None, None)
     if comm == "hierarchical" and nodes is None and schedule is None and len(axes) == 2:
         local = functools.partial(local, nodes=int(mesh.shape[axes[0]]))
+    # Validated here, while still concrete (inside shard_map it is traced); a plan traced by the
+    # caller's jit is checked for dtype and shape only.
+    check_plan(plan, P=math.prod(int(mesh.shape[a]) for a in axes))
+    if mask is not None and not isinstance(mask, jax.core.Tracer):
+        validate(mask, causal=causal, q_len=query.shape[1], kv_len=query.shape[1],
+                 batch=query.shape[0], num_heads=query.shape[2], num_kv_heads=key.shape[2])
     plan = jnp.asarray(plan, jnp.int32)
 
     if mask is None:

@@ -22,6 +22,7 @@ __all__ = [
     "lower_bound",
     "PlanReport",
     "validate_plan",
+    "check_plan",
 ]
 
 
@@ -92,15 +93,72 @@ def chunk_workloads(mask, n_chunks: int, *, causal: bool = False, tile_q: int = 
     return w.reshape(n_chunks, c // tq).sum(-1)
 
 
-def validate_plan(plan, n_chunks: int | None = None) -> np.ndarray:
-    """Check that `plan` ``[P, m]`` is a permutation of ``range(P*m)``; return it sorted per rank."""
-    p = np.asarray(plan)
-    if p.ndim != 2:
-        raise ValueError(f"a plan is an int array [P, m], got shape {p.shape}")
-    n = p.size if n_chunks is None else n_chunks
-    if p.size != n or not np.array_equal(np.sort(p.ravel()), np.arange(n)):
-        raise ValueError(f"plan must hold every chunk id 0..{n - 1} exactly once, got {p.tolist()}")
-    return np.sort(p, axis=1).astype(np.int32)
+_PLAN_FIX = ("build plans with dual_chunk_plan(P), contiguous_plan(P) or "
+             "balanced_plan(workloads, P).plan")
+
+
+def _is_traced(x) -> bool:
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
+
+
+def check_plan(plan, *, P: int | None = None, m: int | None = None, n_chunks: int | None = None,
+               name: str = "plan") -> None:
+    """Validate a plan where it enters a public function.
+
+    Always (the array's type, also when traced): an integer dtype (``TypeError``), rank 2 and, when
+    given, the shape ``[P, m]`` / ``P*m == n_chunks`` (``ValueError``). The ids themselves (every
+    chunk id ``0 .. P*m-1`` exactly once) only when `plan` is concrete: a plan traced under ``jit``
+    is data and is **not** checked (a duplicate id there silently gives wrong attention).
+    """
+    dtype = getattr(plan, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(plan).dtype
+        shape = np.shape(plan)
+    else:
+        shape = tuple(plan.shape)
+    if not np.issubdtype(dtype, np.integer):
+        raise TypeError(f"{name} must be an integer array [P, m] of chunk ids, got dtype {dtype}; "
+                        + _PLAN_FIX)
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be an int array [P, m] (rank 2: P ranks x m chunks each), "
+                         f"got shape {shape}; " + _PLAN_FIX)
+    if P is not None and shape[0] != P:
+        raise ValueError(f"{name} has P={shape[0]} rows but there are {P} ranks: a plan holds one "
+                         f"row of chunk ids per rank; " + _PLAN_FIX)
+    if m is not None and shape[1] != m:
+        raise ValueError(f"{name} has m={shape[1]} chunks per rank, expected {m} (shape {shape})")
+    if n_chunks is not None and shape[0] * shape[1] != n_chunks:
+        raise ValueError(f"{name} of shape {shape} holds {shape[0] * shape[1]} chunk ids, "
+                         f"expected {n_chunks} chunks")
+    if _is_traced(plan):
+        return
+    ids = np.asarray(plan).ravel()
+    n = ids.size
+    problems = []
+    if np.any(ids < 0):
+        problems.append(f"negative ids {sorted(set(ids[ids < 0].tolist()))}")
+    if np.any(ids >= n):
+        problems.append(f"ids out of range (>= {n}) {sorted(set(ids[ids >= n].tolist()))}")
+    values, counts = np.unique(ids, return_counts=True)
+    if np.any(counts > 1):
+        problems.append(f"duplicate ids {values[counts > 1].tolist()}")
+    if problems:
+        raise ValueError(f"{name} must hold every chunk id 0..{n - 1} exactly once; found "
+                         + ", ".join(problems) + f" in {np.asarray(plan).tolist()}; " + _PLAN_FIX)
+
+
+def validate_plan(plan, n_chunks: int | None = None, *, P: int | None = None,
+                  m: int | None = None, name: str = "plan") -> np.ndarray:
+    """Check that `plan` ``[P, m]`` is a concrete permutation of ``range(P*m)``; return it sorted
+    per rank (int32). ``TypeError`` for a non-integer or traced plan, ``ValueError`` for a wrong
+    rank, shape or ids (duplicate, negative, out of range), naming `name`."""
+    if _is_traced(plan):
+        raise TypeError(f"{name} must be concrete here (numpy or a committed jax array, not a "
+                        "value traced under jit): the result depends on its values")
+    check_plan(plan, P=P, m=m, n_chunks=n_chunks, name=name)
+    return np.sort(np.asarray(plan), axis=1).astype(np.int32)
 
 
 def contiguous_plan(P: int, n_chunks: int | None = None) -> np.ndarray:
@@ -131,7 +189,8 @@ def dual_chunk_plan(P: int, n_chunks: int | None = None) -> np.ndarray:
 def plan_loads(plan, workloads) -> np.ndarray:
     """Per-rank load ``[P]``: the sum of its chunks' workloads."""
     w = np.asarray(workloads, np.float64)
-    return w[np.asarray(plan)].sum(-1)
+    plan = validate_plan(plan, n_chunks=w.size)
+    return w[plan].sum(-1)
 
 
 def lower_bound(workloads, P: int) -> float:

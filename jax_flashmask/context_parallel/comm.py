@@ -36,6 +36,7 @@ import functools
 
 import numpy as np
 
+from .balance import validate_plan
 from .localize import columns_fully_masked, localize_bounds
 
 __all__ = [
@@ -183,8 +184,9 @@ def make_schedule(P: int, m: int, kind: str = "ring", *, nodes: int = 1, plan=No
                   needed=None) -> Schedule:
     """Build a (hashable) schedule.
 
-    `plan` (concrete ``[P, m]``) and `needed` (concrete bool ``[P, N]`` from `needed_chunks`) make
-    it pruned; leave both ``None`` for the dense schedule, which depends only on ``P, m, nodes``.
+    `plan` (concrete ``[P, m]``, validated: every chunk id once) and `needed` (concrete bool
+    ``[P, N]`` from `needed_chunks`) make it pruned; leave both ``None`` for the dense schedule,
+    which depends only on ``P, m, nodes``.
     For ``kind="hierarchical"`` `nodes` is the size of the slow (outer) mesh axis.
     """
     if kind == "hierarchical" and (nodes < 1 or P % nodes):
@@ -194,10 +196,12 @@ def make_schedule(P: int, m: int, kind: str = "ring", *, nodes: int = 1, plan=No
     if (plan is None) != (needed is None):
         raise ValueError("a pruned schedule needs both `plan` and `needed`")
     if plan is not None:
-        plan_t = tuple(tuple(int(c) for c in row) for row in np.sort(np.asarray(plan), axis=1))
-        need_t = tuple(tuple(bool(x) for x in row) for row in np.asarray(needed))
-        if len(plan_t) != P or any(len(r) != m for r in plan_t):
-            raise ValueError(f"plan shape {np.asarray(plan).shape} does not match P={P}, m={m}")
+        plan_t = tuple(tuple(int(c) for c in row) for row in validate_plan(plan, P=P, m=m))
+        need = np.asarray(needed)
+        if need.dtype != np.bool_ or need.shape != (P, P * m):
+            raise ValueError(f"needed must be the bool [P, P*m] = [{P}, {P * m}] table of "
+                             f"needed_chunks(mask, plan), got {need.dtype} {need.shape}")
+        need_t = tuple(tuple(bool(x) for x in row) for row in need)
     else:
         plan_t = need_t = None
     return _make_schedule_cached(kind, P, m, nodes, plan_t, need_t)
@@ -214,8 +218,11 @@ def needed_chunks(mask, plan, *, causal: bool = False) -> np.ndarray:
     if isinstance(mask, FlashMask):
         causal, mask = mask.causal, mask.startend_row_indices
     ind = np.asarray(mask)
+    if not np.issubdtype(ind.dtype, np.integer):
+        raise TypeError(f"mask must be integer startend_row_indices [B, Hm, S, D] (int32), got "
+                        f"dtype {ind.dtype}")
     s = ind.shape[2]
-    plan = np.sort(np.asarray(plan), axis=1)
+    plan = validate_plan(plan)
     P, m = plan.shape
     n = P * m
     c = s // n
@@ -272,7 +279,7 @@ def pruned_volume(mask, plan, *, kind: str = "ring", nodes: int = 1, causal: boo
     ``needed`` (the `needed_chunks` table). ``chunk_bytes = 2 * B * C * K * d * itemsize`` turns
     chunk slots into bytes (K and V; the backward pass sends the same volume of dK/dV).
     """
-    plan = np.sort(np.asarray(plan), axis=1)
+    plan = validate_plan(plan)
     P, m = plan.shape
     need = needed_chunks(mask, plan, causal=causal)
     sched = make_schedule(P, m, kind, nodes=nodes, plan=plan, needed=need)

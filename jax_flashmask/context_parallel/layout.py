@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from .balance import check_plan
 from .localize import chunk_token_index
 
 __all__ = ["token_positions", "permute_tokens", "unpermute_tokens", "inverse_positions"]
@@ -23,7 +24,12 @@ def _sorted_plan(plan, xp):
 
 
 def token_positions(plan, seq_len: int, xp=jnp):
-    """``[S]`` int32: global position of every token of the permuted sequence (use for RoPE)."""
+    """``[S]`` int32: global position of every token of the permuted sequence (use for RoPE).
+
+    A concrete `plan` is validated (`check_plan`); a plan traced under ``jit`` only for its dtype
+    and rank: its ids are data and are not checked.
+    """
+    check_plan(plan)
     plan = _sorted_plan(plan, xp)
     n = int(np.prod(plan.shape))
     if seq_len % n:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ..masks._core import columns_fully_masked
+
 __all__ = [
     "chunk_token_index",
     "localize_rows",
@@ -78,21 +80,6 @@ def localize_bounds(bounds, chunks, chunk_size: int, columns=None, xp=jnp):
     if columns is not None:
         bounds = xp.take(bounds, xp.asarray(columns), axis=-1)
     return localize_rows(bounds, chunks, chunk_size, xp=xp)
-
-
-def columns_fully_masked(local_bounds, n_rows, xp=jnp):
-    """``[B, Hm, L]`` bool: is every one of the `n_rows` rows masked in this column?
-
-    The union of ``[LTS, LTE)`` and ``[UTS, UTE)`` covers ``[0, n_rows)`` (empty ranges never help).
-    """
-    lts, lte, uts, ute = (local_bounds[..., k, :] for k in range(4))
-    lo_ok = lts < lte
-    up_ok = uts < ute
-    a = lo_ok & (lts <= 0) & (lte >= n_rows)
-    b = up_ok & (uts <= 0) & (ute >= n_rows)
-    c = lo_ok & up_ok & (lts <= 0) & (lte >= uts) & (ute >= n_rows)
-    d = lo_ok & up_ok & (uts <= 0) & (ute >= lts) & (lte >= n_rows)
-    return a | b | c | d | (n_rows <= 0)
 
 
 def masked_bounds(local_bounds, drop, n_rows, xp=jnp):

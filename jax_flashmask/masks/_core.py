@@ -83,7 +83,15 @@ def validate(
 
     Shapes, dtype and the (causal, D) pair are always checked; values (in ``[0, q_len]``, and each
     range's start no larger than its end) only when the array is concrete and `check_values`.
+    `q_len` (the query length Sq, an int >= 1) is required: ``None`` raises ``TypeError``.
     """
+    if isinstance(q_len, (bool, np.bool_)) or not isinstance(q_len, (int, np.integer)):
+        raise TypeError(
+            f"validate needs q_len, the number of query rows (query.shape[1]) as an int, got "
+            f"{q_len!r}: every boundary is checked against it"
+        )
+    if q_len < 1:
+        raise ValueError(f"q_len must be >= 1 (the number of query rows), got {q_len}")
     x = startend_row_indices
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise ValueError(
@@ -178,6 +186,24 @@ def dense_from_bounds(bounds, q_len: int) -> jax.Array:
     i = jnp.arange(q_len, dtype=jnp.int32)[:, None]
     lts, lte, uts, ute = (bounds[:, :, k, None, :] for k in range(4))
     return ((lts <= i) & (i < lte)) | ((uts <= i) & (i < ute))
+
+
+def columns_fully_masked(bounds, n_rows, xp=jnp):
+    """``[..., L]`` bool from canonical bounds ``[..., 4, L]``: is every one of the `n_rows` rows
+    masked in this column?
+
+    The union of ``[LTS, LTE)`` and ``[UTS, UTE)`` covers ``[0, n_rows)`` (empty ranges never help).
+    `xp` is accepted for symmetry with the host (numpy) callers; the arithmetic works on both.
+    """
+    del xp
+    lts, lte, uts, ute = (bounds[..., k, :] for k in range(4))
+    lo_ok = lts < lte
+    up_ok = uts < ute
+    a = lo_ok & (lts <= 0) & (lte >= n_rows)
+    b = up_ok & (uts <= 0) & (ute >= n_rows)
+    c = lo_ok & up_ok & (lts <= 0) & (lte >= uts) & (ute >= n_rows)
+    d = lo_ok & up_ok & (uts <= 0) & (ute >= lts) & (lte >= n_rows)
+    return a | b | c | d | (n_rows <= 0)
 
 
 def to_dense(startend_row_indices, *, causal: bool, q_len: int | None = None) -> jax.Array:

@@ -16,6 +16,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
 import jax
 import jax.numpy as jnp
 
+from ..masks import FlashMask
 from ._common import check_head_config, merge_heads, multihead_attention, split_heads
 
 __all__ = ["FlashMaskAttention"]
@@ -48,7 +49,8 @@ class FlashMaskAttention(eqx.Module):
       key: PRNG key for the projection weights.
 
     Call: ``layer(x, mask=None, *, positions=None)`` with ``x [B, S, F]`` or unbatched
-    ``[S, F]`` (equinox style; then a raw mask array may be ``[Hm, S, D]``) -> same leading
+    ``[S, F]`` (equinox style, e.g. under ``jax.vmap``; then the mask, raw or a `FlashMask`, may be
+    ``[Hm, S, D]``) -> same leading
     shape with ``out_features``. `positions` feed RoPE (default ``arange(S)``); `attention_fn`
     (default `jax_flashmask.attention`) swaps the attention call, e.g. for context parallelism.
     """
@@ -106,7 +108,11 @@ class FlashMaskAttention(eqx.Module):
         unbatched = x.ndim == 2
         if unbatched:
             x = x[None]
-            if mask is not None and not hasattr(mask, "causal") and getattr(mask, "ndim", 4) == 3:
+            # An unbatched call (e.g. inside jax.vmap over a batched mask) sees [Hm, S, D] vectors,
+            # raw or inside a FlashMask: give them the batch axis of one.
+            if isinstance(mask, FlashMask) and mask.startend_row_indices.ndim == 3:
+                mask = FlashMask(mask.startend_row_indices[None], causal=mask.causal)
+            elif mask is not None and not hasattr(mask, "causal") and getattr(mask, "ndim", 4) == 3:
                 mask = mask[None]
         elif x.ndim != 3:
             raise ValueError(f"x must be [S, F] or [B, S, F], got shape {x.shape}")
