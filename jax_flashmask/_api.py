@@ -59,7 +59,8 @@ def _check_inputs(query, key, value, scale, implementation):
         raise ValueError(
             f"the number of query heads N={n} must be a multiple of the number of kv heads K={kh} (GQA/MQA)"
         )
-    if scale is not None and not isinstance(scale, (int, float)):
+    if scale is not None and (isinstance(scale, (bool, np.bool_))
+                              or not isinstance(scale, (int, float, np.integer, np.floating))):
         raise ValueError(f"scale must be a Python float or None, got {type(scale).__name__}")
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")

@@ -23,8 +23,12 @@ def worker_env(devices: int = 8) -> dict:
     flags = env.get("XLA_FLAGS", "")
     if "--xla_force_host_platform_device_count" not in flags:
         env["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={devices}").strip()
+    # absolute entries: workers may run in another directory
+    paths = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if importlib.util.find_spec("jax_flashmask") is None:  # not installed: test this checkout
-        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        paths.insert(0, ROOT)
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 

@@ -206,14 +206,21 @@ def columns_fully_masked(bounds, n_rows, xp=jnp):
     return a | b | c | d | (n_rows <= 0)
 
 
-def to_dense(startend_row_indices, *, causal: bool, q_len: int | None = None) -> jax.Array:
+def to_dense(startend_row_indices, *, causal: bool | None = None, q_len: int | None = None) -> jax.Array:
     """The dense view: boolean ``[B, Hm, Sq, Sk]``, True where the cell is masked.
 
-    For tests, pictures and small problems only: it is O(Sq·Sk).
+    `causal` comes with a `FlashMask`; a raw index array needs it. For tests, pictures and small
+    problems only: it is O(Sq·Sk).
     """
     if isinstance(startend_row_indices, FlashMask):
+        if causal is not None and bool(causal) != startend_row_indices.causal:
+            raise ValueError(f"causal={causal} conflicts with a FlashMask built with "
+                             f"causal={startend_row_indices.causal}")
         causal = startend_row_indices.causal
         startend_row_indices = startend_row_indices.startend_row_indices
+    elif causal is None:
+        raise TypeError("to_dense(startend_row_indices, causal=...) needs causal for a raw index "
+                        "array (a FlashMask carries its own)")
     sk = startend_row_indices.shape[2]
     q_len = sk if q_len is None else q_len
     validate(startend_row_indices, causal=causal, q_len=q_len)
