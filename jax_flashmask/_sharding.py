@@ -229,9 +229,10 @@ def _reference_call(direction):
     return call
 
 
-_forward_cp = custom_partitioning(_reference_call("forward"), static_argnums=(0, 1))
+_UNPARTITIONED = {"forward": _reference_call("forward"), "backward": _reference_call("backward")}
+_forward_cp = custom_partitioning(_UNPARTITIONED["forward"], static_argnums=(0, 1))
 _forward_cp.def_partition(partition=_forward_partition, sharding_rule=_forward_rule)
-_backward_cp = custom_partitioning(_reference_call("backward"), static_argnums=(0, 1))
+_backward_cp = custom_partitioning(_UNPARTITIONED["backward"], static_argnums=(0, 1))
 _backward_cp.def_partition(partition=_backward_partition, sharding_rule=_backward_rule)
 
 
@@ -263,7 +264,19 @@ def _batchable(direction, opts, layout):
         outs = run(*_fold(axis_size, in_batched, args))
         return _unfold(axis_size, outs), tuple(True for _ in outs)
 
-    return run
+    # custom_partitioning has no differentiation rule either. Forward mode reaches these calls only
+    # in forward-over-reverse (Hessian-vector products): its tangents come from the unpartitioned
+    # implementation, which is as differentiable as the implementation itself.
+    @jax.custom_jvp
+    def differentiable(*args):
+        return run(*args)
+
+    @differentiable.defjvp
+    def _jvp(primals, tangents):
+        unpartitioned = lambda *a: tuple(_UNPARTITIONED[direction](opts, layout, *a))  # noqa: E731
+        return jax.jvp(unpartitioned, primals, tangents)
+
+    return differentiable
 
 
 def _explicit_mesh(*xs):
