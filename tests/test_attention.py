@@ -529,6 +529,7 @@ def test_deterministic_reaches_the_backward(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(xla, "backward", spy)
+    jax.clear_caches()  # attention's compiled programs: the spy must be traced into them
     q, k, v = make_qkv(np.random.default_rng(), 1, 16, 16, 2, 1, 8)
     for det in (True, False):
         jax.grad(lambda q: jnp.sum(jf.attention(q, k, v, causal=True, implementation="xla",
