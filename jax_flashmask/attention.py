@@ -19,7 +19,7 @@ from . import _reference, _xla
 from .masks import FlashMask, canonical_bounds, unmasked_bounds, validate
 
 try:  # the Hopper path; its module imports without the compiled extension
-    from . import _cuda
+    from .backends import cuda as _cuda
 except ImportError:  # pragma: no cover - only while the kernel module is absent
     _cuda = None
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 #include "bwd_launch.cuh"
@@ -327,18 +326,13 @@ __global__ void __launch_bounds__(kSchedThreads) bwd_sched_kernel(
   }
 }
 
-// Variant 17 pre-pass (bwd_det_group_sm90). Per (batch, mask head, key block) item: the kept query
-// tiles (as bwd_sched_kernel counts them) and the first kept tile (bwd_find_kept's three jumps over
-// the two skipped ranges; mblk: none). A key block "co-starts" when it keeps a tile and its first
-// kept tile is that of the key block above it (documents: every key block but a document's top
-// one; causal / sliding window / causal documents: none, each starts at its diagonal).
+// Deterministic pre-passes (bwd_det_group80_sm90, bwd_det_order_sm90). Per (batch, mask head,
+// key block) item: the kept query tiles (as bwd_sched_kernel counts them) and the first kept tile
+// (bwd_find_kept's three jumps over the two skipped ranges; mblk: none). A key block "co-starts"
+// when it keeps a tile and its first kept tile is that of the key block above it (documents:
+// every key block but a document's top one; causal / sliding window / causal documents: none,
+// each starts at its diagonal).
 constexpr int kDetGroupThreads = 512;
-
-__device__ __forceinline__ void det_skip(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
-                                         int& h1, int& l2, int& h2) {
-  sched_inside(mt[1 * nblk], mt[2 * nblk], Sq, mblk, l1, h1);  // LTSmax, LTEmin
-  sched_inside(mt[5 * nblk], mt[6 * nblk], Sq, mblk, l2, h2);  // UTSmax, UTEmin
-}
 
 __device__ __forceinline__ int det_first_kept(int l1, int h1, int l2, int h2) {
   int m = 0;
@@ -346,51 +340,6 @@ __device__ __forceinline__ int det_first_kept(int l1, int h1, int l2, int h2) {
   if (m >= l2 && m <= h2) m = h2 + 1;
   if (m >= l1 && m <= h1) m = h1 + 1;
   return m;
-}
-
-__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group_kernel(
-    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
-    int Sq, int pairs, int max_group) {
-  __shared__ unsigned long long tot[3];  // kept tiles, items keeping a tile, co-starting items
-  if (threadIdx.x < 3) tot[threadIdx.x] = 0ull;
-  __syncthreads();
-  const int64_t items = (int64_t)BH * nblk;
-  unsigned long long kept = 0ull, live = 0ull, costart = 0ull;
-  for (int bh = 0; bh < BH; ++bh) {
-    for (int n = threadIdx.x; n < nblk; n += kDetGroupThreads) {
-    const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
-    int l1, h1, l2, h2;
-    det_skip(mt, nblk, Sq, mblk, l1, h1, l2, h2);
-    const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
-    const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
-    const int k = max(mblk - (c1 + c2 - c12), 0);
-    kept += (unsigned long long)k;
-    if (k > 0) {
-      ++live;
-      if (n + 1 < nblk) {
-        const int f = det_first_kept(l1, h1, l2, h2);
-        det_skip(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
-        costart += f == det_first_kept(l1, h1, l2, h2) ? 1ull : 0ull;
-      }
-    }
-    }
-  }
-  atomicAdd(&tot[0], kept);
-  atomicAdd(&tot[1], live);
-  atomicAdd(&tot[2], costart);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int cap = max(1, min(max_group, pairs));
-    // Chains that start together (co-starting key blocks are at least half of the live ones):
-    // as many pairs per group as keep G * (mean kept tiles per key block) <= mblk, i.e. the pairs
-    // of a launch group together stream about one head's rows (the L2 working set of variant 5's
-    // order). Otherwise (diagonal starts: the chain staggers itself) G = 1, variant 5's order.
-    unsigned long long g = 1ull;
-    if (2ull * tot[2] >= tot[1] && tot[1] > 0ull)
-      g = tot[0] == 0ull ? (unsigned long long)cap
-                         : (unsigned long long)mblk * (unsigned long long)items / tot[0];
-    sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
-  }
 }
 
 // Variant 19 pre-pass (bwd_det_group80_sm90): variant 17's per-item counts at variant 16's 80-row
@@ -579,27 +528,17 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_order_kernel(
 }
 
 // The order's kept counts in dynamic smem, rounded up to 4 ints (the rank loop reads kept_s 16
-// bytes at a time, its tail included); JFM_BWD_DET_ORDER_WINDOW=W overrides the window (a multiple
-// of 4; timing experiments, read once).
+// bytes at a time, its tail included).
 size_t det_order_smem(int nblk) {
   return nblk <= kDetPermMaxBlocks ? sizeof(int) * (size_t)((nblk + 3) / 4 * 4) : 0;
 }
-int det_order_window() {
-  static const int env_window = [] {
-    const char* s = std::getenv("JFM_BWD_DET_ORDER_WINDOW");
-    const int w = s ? std::atoi(s) : 0;
-    return w > 0 && w % 4 == 0 ? w : 0;
-  }();
-  return env_window > 0 ? env_window : kDetOrderWindow;
-}
-
 }  // namespace
 
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                  int mblk, int Sq, int pairs, int max_group, bool perm,
                                  cudaStream_t stream) {
   bwd_det_group80_kernel<<<1, kDetGroupThreads, perm ? det_order_smem(nblk) : 0, stream>>>(
-      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0, det_order_window());
+      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0, kDetOrderWindow);
   return cudaGetLastError();
 }
 
@@ -608,14 +547,7 @@ cudaError_t bwd_det_order_sm90(const int32_t* meta, int32_t* sched, int B, int H
   auto kernel = rows == 128 ? &bwd_det_order_kernel<128> : rows == 64 ? &bwd_det_order_kernel<64> : nullptr;
   if (kernel == nullptr) return cudaErrorInvalidValue;
   kernel<<<1, kDetGroupThreads, det_order_smem(nblk), stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
-                                                                det_order_window());
-  return cudaGetLastError();
-}
-
-cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
-                               int mblk, int Sq, int pairs, int max_group, cudaStream_t stream) {
-  bwd_det_group_kernel<<<1, kDetGroupThreads, 0, stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
-                                                           pairs, max_group);
+                                                                kDetOrderWindow);
   return cudaGetLastError();
 }
 
@@ -671,10 +603,10 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
   return bwd_prep_launch<cutlass::half_t>(p, sq_pad, dq_zero_floats, stream);
 }
 
-cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
+cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
-  if (bwd_rows80_variant(p.variant) && p.d == kRows80D) {  // 80-row tiles (16, 19, 21)
+  if (block_m == kRows80 && p.d == kRows80D) {  // 80-row tiles: the transposed fragment order
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
     const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
@@ -703,45 +635,4 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t str
 }
 
 }  // namespace sm90
-
-const char* bwd_compiled_configs() {
-  return "bf16_d64,bf16_d128,bf16_d256,fp16_d64,fp16_d128,fp16_d256";
-}
-
-cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err) {
-  using cutlass::bfloat16_t;
-  using cutlass::half_t;
-  if (p.B == 0 || p.N == 0 || p.Sk == 0) return cudaSuccess;
-  if (p.Sq == 0) {  // no queries: dK = dV = 0 (dQ is empty)
-    const size_t bytes = (size_t)p.B * p.Sk * p.K * p.d * 2;
-    cudaError_t e = cudaMemsetAsync(p.dk, 0, bytes, stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(p.dv, 0, bytes, stream);
-    return e;
-  }
-  if (p.Sk < 0 || p.Sq < 0) {
-    if (err) *err = "flashmask sm90 backward: negative sequence length";
-    return cudaErrorInvalidValue;
-  }
-  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
-    if (err) *err = "flashmask sm90 backward: N must be a multiple of K and of Hm";
-    return cudaErrorInvalidValue;
-  }
-  const bool bf16 = p.dtype == DType::kBF16;
-  switch (p.d) {
-    case 64:
-      return bf16 ? sm90::launch_bwd<bfloat16_t, 64>(p, stream, err)
-                  : sm90::launch_bwd<half_t, 64>(p, stream, err);
-    case 128:
-      return bf16 ? sm90::launch_bwd<bfloat16_t, 128>(p, stream, err)
-                  : sm90::launch_bwd<half_t, 128>(p, stream, err);
-    case 256:  // one kernel for every variant number; key blocks of 64 (bwd_d256_kernel.cuh)
-      return bf16 ? sm90::launch_bwd_d256<bfloat16_t>(p, stream, err)
-                  : sm90::launch_bwd_d256<half_t>(p, stream, err);
-    default:
-      break;
-  }
-  if (err) *err = "flashmask sm90 backward: compiled for head dims 64, 128 and 256 (bf16, fp16) only";
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace jfm

@@ -535,13 +535,7 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  return bwd_convert_dq_sm90(p, sq_pad, stream);
-}
-
-// Every variant number runs the d = 256 kernel (one CTA per work item; sm_margin is ignored).
-template <class Elem>
-cudaError_t launch_bwd_d256(const BwdParams& p, cudaStream_t stream, const char** err) {
-  return launch_bwd_d256_impl<BwdD256Traits<Elem>>(p, stream, err);
+  return bwd_convert_dq_sm90(p, sq_pad, Bm, stream);
 }
 
 }  // namespace jfm::sm90

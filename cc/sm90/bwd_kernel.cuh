@@ -38,7 +38,6 @@
 #include "bwd_launch.cuh"
 
 #include <climits>
-#include <cstdlib>
 #include <tuple>
 #include <type_traits>
 
@@ -1989,24 +1988,12 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
 
   // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters end the
   // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is
-  // zeroed here: one pair, or in deterministic launch groups the largest G the launch can take
-  // (JFM_BWD_DET_GROUP, else at most kDetGroupPairs). JFM_BWD_ZERO_AHEAD=0 turns it off (A/B
-  // timing; read once per process).
-  static const bool env_zero_ahead = [] {
-    const char* s = std::getenv("JFM_BWD_ZERO_AHEAD");
-    return !(s && std::atoi(s) == 0);
-  }();
+  // zeroed here: one pair, or in deterministic launch groups the largest G the launch can take.
   const int pairs = p.K * p.B;
-  const bool zero_ahead = !T::kPersist && p.dq_mode == 1 && env_zero_ahead && p.meta_capacity >= ml.end;
-  // kDetGroupPairs (kv head, batch) pairs per launch group; JFM_BWD_DET_GROUP=G overrides it
-  // (timing experiments; read once per process)
-  static const int env_group = [] {
-    const char* s = std::getenv("JFM_BWD_DET_GROUP");
-    return s ? std::atoi(s) : 0;
-  }();
+  const bool zero_ahead = !T::kPersist && p.dq_mode == 1 && p.meta_capacity >= ml.end;
   int unit0_pairs = 1;
   if constexpr (T::kDetGroups) {
-    if (p.deterministic) unit0_pairs = std::min(pairs, std::max(kDetGroupPairs, env_group));
+    if (p.deterministic) unit0_pairs = std::min(pairs, kDetGroupPairs);
   }
   const size_t pair_floats = (size_t)(p.N / p.K) * sq_pad * D;
   cudaError_t e = bwd_prepare_workspaces<T>(
@@ -2027,17 +2014,12 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   a.zero_count = zero_count;
   // Clocked walks (bwd_group_skips_none): 80-row lock-step kernels in the default mode
   // (deterministic mode keeps its fixed summation order), where a kv head's Q / dO / dQ stream
-  // exceeds the L2; below that size the ascending walk (its out-of-phase CTAs still hit, 98 % at
-  // 32K full). JFM_BWD_WALK_CLOCK = 0 / 1 forces a mode (A/B timing, tests; read once per process).
-  static const int env_walk_clocked = [] {
-    const char* s = std::getenv("JFM_BWD_WALK_CLOCK");
-    return s ? (std::atoi(s) != 0 ? 1 : 0) : -1;
-  }();
+  // exceeds the L2; below that size the ascending walk (its out-of-phase CTAs still hit in L2).
   if (T::kLockstep && T::Bm == 80 && !p.deterministic && p.meta_capacity >= ml.sched + 4) {
     const int64_t head_stream_bytes =
         (int64_t)a.heads_per_kv * sq_pad * D * (2 * sizeof(Elem) + sizeof(float));
     const int l2 = bwd_device_attr(cudaDevAttrL2CacheSize, 50 << 20);
-    a.walk_clocked = env_walk_clocked >= 0 ? env_walk_clocked : (head_stream_bytes > l2 ? 1 : 0);
+    a.walk_clocked = head_stream_bytes > l2 ? 1 : 0;
     if (a.walk_clocked) {
       a.walk_clock = reinterpret_cast<uint32_t*>(p.meta + ml.sched + 3);  // the spare word
       a.walk_sms = bwd_device_attr(cudaDevAttrMultiProcessorCount, 132);
@@ -2055,32 +2037,23 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   if constexpr (T::kDetGroups) {
     if (p.deterministic) {
       if (items_total > INT32_MAX) {
-        if (err) *err = "flashmask sm90 backward: too many work items for variants 14 / 15";
+        if (err) *err = "flashmask sm90 backward: too many work items for the deterministic launch groups";
         return cudaErrorInvalidValue;
       }
-      a.det_group = std::max(1, std::min(pairs, env_group > 0 ? env_group : kDetGroupPairs));
       grid = dim3((unsigned)items_total, 1, 1);
-      if constexpr (T::kDetAuto) {
-        // variant 21: the pre-pass always runs (the key-block order); JFM_BWD_DET_GROUP still sets G
-        const bool perm = T::Bm == 80 && p.variant == 21;
-        if (env_group <= 0 || perm) {
-          // variant 17: G from the block metadata, on the device (sched[1]; same stream, no sync)
-          if (p.meta_capacity < (perm ? ml.zero_count : ml.sched + 4)) {
-            if (err) *err = "flashmask sm90 backward: metadata workspace too small for variants 17 / 19 / 21";
-            return cudaErrorInvalidValue;
-          }
-          if (env_group <= 0) a.det_group = 0;
-          a.det_perm = perm ? 1 : 0;
-          a.sched = p.meta + ml.sched;
-          if constexpr (T::Bm == 80)  // variants 19 / 21: 80-row tiles, their own rule
-            e = bwd_det_group80_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
-                                     kDetGroupPairs, perm, stream);
-          else
-            e = bwd_det_group_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
-                                   kDetGroupPairs, stream);
-          if (e != cudaSuccess) return e;
-        }
+      // The launch group size G and the pair's key-block order come from the block metadata, on
+      // the device (sched[1], sched[2] and the orders; same stream, no host sync).
+      static_assert(T::kDetAuto && T::Bm == 80, "deterministic launch groups: the 80-row kernel only");
+      if (p.meta_capacity < ml.zero_count) {
+        if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic launch groups";
+        return cudaErrorInvalidValue;
       }
+      a.det_group = 0;
+      a.det_perm = 1;
+      a.sched = p.meta + ml.sched;
+      e = bwd_det_group80_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, pairs,
+                               kDetGroupPairs, true, stream);
+      if (e != cudaSuccess) return e;
     }
   }
   if constexpr (!T::kDetGroups && !T::kPersist && T::Bm == 128) {  // variants 7 / 11 (d = 64)
@@ -2106,64 +2079,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  return bwd_convert_dq_sm90(p, sq_pad, stream);
+  return bwd_convert_dq_sm90(p, sq_pad, Bm, stream);
 }
-
-template <class Elem, int D>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, const char** err) {
-  if (p.variant == 5) return launch_bwd_impl<BwdTraits<Elem, D>>(p, stream, err);
-  if (p.variant == 6) return launch_bwd_impl<BwdTraits<Elem, D, true>>(p, stream, err);
-  if (p.variant == 7) {
-    if constexpr (D == 64) {
-      return launch_bwd_impl<BwdTraits<Elem, D, false, 128>>(p, stream, err);
-    } else {
-      if (err) *err = "flashmask sm90 backward: kernel variant 7 (128-row query tiles) is d = 64 only";
-      return cudaErrorInvalidValue;
-    }
-  }
-  if (p.variant == 10) return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D>>>(p, stream, err);
-  if (p.variant == 14) return launch_bwd_impl<BwdDetGroups<BwdTraits<Elem, D>>>(p, stream, err);
-  if (p.variant == 15)
-    return launch_bwd_impl<BwdDetPipe<BwdDetGroups<BwdTraits<Elem, D>>>>(p, stream, err);
-  if (p.variant == 11) {
-    if constexpr (D == 64) {
-      return launch_bwd_impl<BwdMaskRegs<BwdTraits<Elem, D, false, 128>>>(p, stream, err);
-    } else {
-      if (err) *err = "flashmask sm90 backward: kernel variant 11 (128-row query tiles) is d = 64 only";
-      return cudaErrorInvalidValue;
-    }
-  }
-  if (p.variant == 12 || p.variant == 13 || p.variant == 17) {
-    if constexpr (D == 128) {
-      if (p.variant == 12) return launch_bwd_impl<BwdLockstep<BwdTraits<Elem, D>>>(p, stream, err);
-      if (p.variant == 17)
-        return launch_bwd_impl<BwdDetAuto<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>>(p, stream, err);
-      return launch_bwd_impl<BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D>>>>(p, stream, err);
-    } else {
-      if (err) *err = "flashmask sm90 backward: kernel variants 12 / 13 / 17 (lock-step consumers) are d = 128 only";
-      return cudaErrorInvalidValue;
-    }
-  }
-  if (bwd_rows80_variant(p.variant)) {
-    // compiled in their own translation units (inst/bwd_*_d128_r80.cu)
-    if constexpr (D == 128) {
-      return launch_bwd_rows80<Elem>(p, stream, err);
-    } else {
-      if (err) *err = "flashmask sm90 backward: kernel variants 16 / 19 / 21 (80-row query tiles) are d = 128 only";
-      return cudaErrorInvalidValue;
-    }
-  }
-  if (err) *err = "flashmask sm90 backward: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19 or 21";
-  return cudaErrorInvalidValue;
-}
-
-#ifdef JFM_BWD_ROWS80_INST
-// Variants 16 (BwdRows80) and 19 / 21 (BwdDetAuto80), defined only in inst/bwd_*_d128_r80.cu.
-template <class Elem>
-cudaError_t launch_bwd_rows80(const BwdParams& p, cudaStream_t stream, const char** err) {
-  if (p.variant == 19 || p.variant == 21) return launch_bwd_impl<BwdDetAuto80<BwdRows80<Elem, 128>>>(p, stream, err);
-  return launch_bwd_impl<BwdRows80<Elem, 128>>(p, stream, err);
-}
-#endif
 
 }  // namespace jfm::sm90

@@ -1143,17 +1143,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   }
   const size_t smem = sizeof(typename T::SharedStorage);
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
-  // Variants (see fwd_dispatch.cu): persistent grid with a dynamic tile counter (3, 5) or one CTA
-  // per tile (2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
-  // global memory by the consumers (2, 5).
-  // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
-  // Variant 7 = variant 3 with the two-level block walk (GroupScan).
-  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
-  // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
-  // 14 and 15 (Paired) too, with two tiles per claim; 17 and 18 (12 / 13 + GroupScan + MaskBits) too.
-  const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
-                          p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
-                          p.variant == 13 || p.variant == 17 || p.variant == 18;
+  // Every shipped configuration runs on the persistent grid (so sm_margin is always honoured);
+  // the kernel also supports one CTA per tile (tile_counter = null).
+  constexpr bool persistent = true;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -1208,13 +1200,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = !MaskBits &&
-                  (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7 ||
-                   p.variant == 12 || p.variant == 13 || p.variant == 14 || p.variant == 15) &&
-                  p.Sk % 4 == 0 &&
+  // Mask-bits kernels never stage bounds (their mask builders read global memory).
+  a.smem_bounds = !MaskBits && p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
-  a.tile_overlap = Overlap && p.variant == 6;
+  a.tile_overlap = 0;  // the kernel's tile-boundary overlap stays off in every configuration
   a.group_meta = group_meta;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
