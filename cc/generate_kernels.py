@@ -8,7 +8,7 @@ cc/sm90/instantiations/:
                         run_<config>_<dtype> that instantiates the kernel (units compile in
                         parallel; CMake picks them by head dim for a development subset);
   kernel_table.inc      JFM_FWD_CONFIG / JFM_BWD_CONFIG rows, guarded by JFM_BUILD_D<head dim>,
-                        expanded by cc/sm90/dispatch.cu into the lookup by name.
+                        expanded by cc/sm90/dispatch.cc into the lookup by name.
 Run it after editing the config list (`python cc/generate_kernels.py`); `--check` exits 1 when
 the committed files differ from what it would write (a test runs it).
 """

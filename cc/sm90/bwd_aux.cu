@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
 // (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
 // wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
 // lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
-// otherwise. Variant 7's 128-row tiles (d = 64: the warpgroups split the rows) are two such
+// otherwise. 128-row tiles (d = 64: the warpgroups split the rows) are two such
 // blocks in a row, so this reader does not depend on the kernel's query-tile size.
 __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
   const int wq = c / dqc, cc = c % dqc;
@@ -156,7 +156,7 @@ __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
 template <class Elem>
 __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
                                    int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
-  static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (variant 7: two per tile)");
+  static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (128-row tiles: two per tile)");
   constexpr int kUnroll = 4;  // pairs per thread per trip: their loads are issued before the stores
   const int hp = d / 2;  // pairs per row
   const int dqc = d >= 128 ? d / 2 : d;
@@ -192,7 +192,7 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
   }
 }
 
-// Variant 16 (80-row query tiles, d = 128; bwd_kernel.cuh kDqTrans): each 80 x 128 tile of the
+// 80-row query tiles (d = 128; traits.h kDqTrans): each 80 x 128 tile of the
 // workspace holds dQ^T in two slabs of 64 d-rows x 80 query columns (slab wq = d columns
 // [64*wq, 64*wq + 64)), each in the fragment order above with (row, col) = (d, query) and 10
 // column groups of 8: element (query r, d column c) at wq*64*80 + (((cc/16)*2 + (cc/8)%2)*10 +
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const 
   }
 }
 
-// Variant 6 scheduler pre-pass. Query tiles of key block n that the kernel does not skip, for one
+// Persistent-grid scheduler pre-pass. Query tiles of key block n that the kernel does not skip, for one
 // mask head: mblk minus the tiles lying entirely inside [LTSmax, LTEmin) or [UTSmax, UTEmin) (the
 // skip test of bwd_find_kept). Both are contiguous tile ranges; |R1 u R2| = |R1| + |R2| - |R1 n R2|.
 constexpr int kSchedThreads = 1024;
@@ -342,22 +342,17 @@ __device__ __forceinline__ int det_first_kept(int l1, int h1, int l2, int h2) {
   return m;
 }
 
-// Variant 19 pre-pass (bwd_det_group80_sm90): variant 17's per-item counts at variant 16's 80-row
-// query tiles, plus the last kept tile (det_last_kept, the mirror of det_first_kept: three jumps
+// Launch-group pre-pass of the 80-row kernel (bwd_det_group80_sm90): the per-item counts at
+// 80-row query tiles, plus the last kept tile (det_last_kept, the mirror of det_first_kept: three jumps
 // down over the two skipped ranges; -1: none) and the inverted tiles (det_tally).
 constexpr int kDetGroupRows80 = 80;
 // The launch group's L2 budget, in 80-row query tiles: G interleaved pairs walk about G * L tiles
 // (L = mean kept tiles per live key block), each tile's Q, dO and fp32 dQ rows ~80 KB at d = 128,
-// so 300 tiles ~ 24 MB, half the L2. H200 s11 (deterministic, TFLOP/s at G = 1 / 2 / 4 / 8):
-// 128K document (L = 186) 460 / 463 / 453 / 437, global_sliding_window (L = 203) 465 / 456 /
-// 446 / 426; 32K (L ~ 50-60) G = 4 >= 8 on document, global_sliding_window, causal_blockwise; at
-// 8K (L <= 38) the co-start chains want the full 8: document 3 / 4 / 8 -> 396 / 403 / 412,
-// global_sliding_window 4 / 6 / 8 -> 338 / 344 / 349, prefix_lm_document 5 / 8 -> 372 / 383, so
-// co-starting chains take G = 8 and the budget alone limits it (variant 17's mblk / L rule, fitted
-// at 32K, stays only as the switch that keeps full / causal-like walks at G = 1).
+// so 300 tiles ~ 24 MB, half the L2. Co-starting chains take G = kDetGroupPairs and the budget
+// alone limits it; the co-start test (more than half of the query tiles per key block) keeps
+// full / causal-like walks at G = 1 (docs/decisions.md#bwd-d128-det).
 constexpr unsigned kDetGroupTileBudget = 300;
-// G of the inverted-tails branch (causal blockwise): H200 s11, G = 2 / 4 / 8: 32K 361 / 405 / 400,
-// 128K 403 / 405 / 390, 8K 4 / 8: 411 / 397 TFLOP/s (session 10: 16 / 32 / 64 lose more).
+// G of the inverted-tails branch (causal blockwise; docs/decisions.md#bwd-d128-det).
 constexpr unsigned kDetGroupInverted = 4;
 
 template <int Rows>
@@ -382,14 +377,13 @@ __device__ __forceinline__ int det_kept_rows(const int32_t* mt, int nblk, int Sq
   return max(mblk - (c1 + c2 - c12), 0);
 }
 
-// Variant 21's key-block order (the inverted-tails case; also variants 7 / 11 and the d = 256
-// kernel in deterministic mode): the key blocks of each (batch, mask head) in windows of
-// kDetOrderWindow consecutive key blocks, the highest window first (variant 19's descending order
+// The deterministic key-block order (the inverted-tails case; the 80-row kernel's launch groups,
+// and the d = 64 and d = 256 kernels' launches): the key blocks of each (batch, mask head) in
+// windows of kDetOrderWindow consecutive key blocks, the highest window first (descending order
 // between windows), inside a window in ascending kept-tile count, ties by descending key block,
 // i.e. the order in which their walks reach a tail that all of them share. The window keeps the
 // resident CTAs on the rows of ~32K keys' documents (sorting a whole 128K head interleaves every
-// document and measured no gain there: H200 s12 run 2, 128K 401 -> 399 TFLOP/s; 32K, one window,
-// 405 -> 418). Written position -> key block at order[bh * nblk + i], from the rank of each key
+// document: docs/decisions.md#bwd-d128-det). Written position -> key block at order[bh * nblk + i], from the rank of each key
 // block in its window (kept counts in smem).
 constexpr int kDetPermMaxBlocks = 12000;  // kept counts in dynamic shared memory (under 48 KB)
 constexpr int kDetOrderWindow = 256;      // key blocks (32K keys at 128 keys per block)
@@ -477,16 +471,15 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     int Sq, int pairs, int max_group, int perm, int window) {
   __shared__ DetTallies tot;
   __shared__ int use_order;
-  extern __shared__ int kept_s[];  // variant 21: nblk kept counts (perm only)
+  extern __shared__ int kept_s[];  // nblk kept counts (perm only)
   const int64_t items = (int64_t)BH * nblk;
   det_tally<kDetGroupRows80>(meta, BH, nblk, mblk, Sq, &tot);
   if (threadIdx.x == 0) {
     const int cap = max(1, min(max_group, pairs));
     // co-starting chains whose key blocks keep on average at most half of the query tiles (not
     // full / causal-like walks over the whole head): G = cap; inverted tails: G =
-    // kDetGroupInverted; otherwise G = 1 (variant 16's order). Then the L2 budget: G * (mean kept
-    // tiles per live key block) <= kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py
-    // auto_group19.
+    // kDetGroupInverted; otherwise G = 1 (the default mode's order). Then the L2 budget: G * (mean
+    // kept tiles per live key block) <= kDetGroupTileBudget.
     unsigned long long g = 1ull;
     const bool inverted = det_inverted(tot);
     if (tot.live > 0ull) {
@@ -500,7 +493,7 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
         g = min(g, (unsigned long long)kDetGroupTileBudget * tot.live / tot.kept);
     }
     sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
-    // variant 21: the inverted tails also get their arrival order (bwd_kernel.cuh BwdDetAuto80)
+    // the inverted tails also get their arrival order (traits.h BwdDetAuto80)
     use_order = perm && inverted && nblk <= kDetPermMaxBlocks ? 1 : 0;
     sched[2] = use_order;
   }
@@ -508,8 +501,8 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
   if (use_order) det_order_rows<kDetGroupRows80>(meta, sched + 4 + nblk, BH, nblk, mblk, Sq, window, kept_s);
 }
 
-// The same order for the kernels launched (nblk, K, B) in deterministic mode (variants 7 / 11 at
-// 128-row tiles, the d = 256 kernel at 64): sched[2] = 1 and the order where the tails are
+// The same order for the kernels launched (nblk, K, B) in deterministic mode (d = 64 at 128-row
+// tiles, d = 256 at 64): sched[2] = 1 and the order where the tails are
 // inverted, else sched[2] = 0 (descending key block).
 template <int Rows>
 __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_order_kernel(

@@ -11,7 +11,7 @@ namespace sm90 {
 namespace {
 
 #define JFM_FWD_CONFIG(name, d, bn, bm) {#name, d, bn, bm, &run_##name##_bf16, &run_##name##_fp16},
-#define JFM_BWD_CONFIG(name, d, bn, bm, persistent) 
+#define JFM_BWD_CONFIG(name, d, bn, bm, persistent)
 constexpr FwdConfigEntry kFwdConfigs[] = {
 #include "instantiations/kernel_table.inc"
     {nullptr, 0, 0, 0, nullptr, nullptr}};
