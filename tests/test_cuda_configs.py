@@ -140,3 +140,14 @@ def test_backward_falls_back_where_no_kernel_is_compiled(monkeypatch):
     assert cuda.backward(q, q, q, b, q, jnp.zeros((1, 8, 2)), q, scale=0.1,
                          deterministic=True) == "portable"
     assert seen == [{"scale": 0.1, "deterministic": True}]
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf")])
+def test_scale_must_be_positive(scale):
+    # checked before the extension loads, so this runs without a GPU too
+    q = jnp.zeros((1, 16, 2, 64), jnp.bfloat16)
+    bounds = jnp.zeros((1, 1, 4, 16), jnp.int32)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        cuda.forward(q, q, q, bounds, scale=scale)
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        cuda.run_backward(configs.BWD_D64, q, q, q, bounds, q, jnp.zeros((1, 16, 2)), q, scale=scale)

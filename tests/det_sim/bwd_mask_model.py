@@ -1,6 +1,6 @@
 """Where the masked backward's time goes: tile statistics, a fitted time model, and the O(1) tile walk.
 
-CPU only (numpy). benchmarks/NOTES_bwd_partial.md explains the numbers.
+CPU only (numpy). NOTES_bwd_partial.md (the lab notes, now in git history) explains the numbers.
 
 * ``stats``: per key block of Bn keys (one CTA of flashmask_bwd_pp_kernel per key block and head),
   the query tiles of Bm rows that `bwd_find_kept` (cc/sm90/bwd_kernel.cuh) keeps, the partial ones
@@ -24,7 +24,7 @@ CPU only (numpy). benchmarks/NOTES_bwd_partial.md explains the numbers.
 * ``predict``: the model's times on bwd_timing.py's masks with the scan, with the O(1) walk, and
   with the partial path scaled (``--dp-ratio``), from the fitted coefficients (PRESETS).
 
-Usage: python benchmarks/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check]
+Usage: python tests/det_sim/bwd_mask_model.py [--S 32768] [--bm 64] [--fit FILE ...] [--walk-check]
        [--rot-walk-check] [--mask-check]
        [--predict d128 d64 d64r128 [--dp-ratio R] [--masks ...]]
 """

@@ -1,5 +1,5 @@
 """Host simulation of the backward's wait / signal protocol (flashmask_bwd_pp_kernel, variants 5, 13,
-14, 15 and 17; cc/sm90/bwd_kernel.cuh), to find deadlocks without a GPU (benchmarks/NOTES_bwd_det.md,
+14, 15 and 17; cc/sm90/bwd_kernel.cuh), to find deadlocks without a GPU (NOTES_bwd_det.md (the lab notes, now in git history),
 "The variant 15 hang").
 
 It mirrors the kernel code, not the design notes: every CTA runs four actors, each a transcription
@@ -46,7 +46,7 @@ key_block_meta / next_kept = bwd_find_kept; tiles over the query heads of the kv
 simulate(...) returns a dict: ok (every CTA ended), steps, and for a deadlock `blocked`, one line per
 waiting actor (what it waits for), plus `kind`: "intra-CTA" when some launched CTA waits only on
 itself (no wait for another CTA's bit), "residency" when a CTA waits for a bit of a CTA that is not
-launched. Usage: python benchmarks/bwd_det_protocol.py [--configs v5 v14 v15_hang v15 v15_readfree] [--cases ...] [--resident R]
+launched. Usage: python tests/det_sim/bwd_det_protocol.py [--configs v5 v14 v15_hang v15 v15_readfree] [--cases ...] [--resident R]
 """
 from __future__ import annotations
 
@@ -555,7 +555,7 @@ def simulate(bounds, Sq, N, K, config, det, dq_mode=1, resident=132, G=None, ite
 
 # the GPU tests' bounds (tests/gpu/_gpu_bounds.py), so the cases draw the same masks
 _bounds = importlib.util.module_from_spec(
-    importlib.util.spec_from_file_location("_gpu_bounds", HERE.parent / "tests" / "gpu" / "_gpu_bounds.py"))
+    importlib.util.spec_from_file_location("_gpu_bounds", HERE.parent / "gpu" / "_gpu_bounds.py"))
 _bounds.__spec__.loader.exec_module(_bounds)
 
 

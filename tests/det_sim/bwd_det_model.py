@@ -1,4 +1,4 @@
-"""Timeline model of the backward's deterministic dQ ordering (issue 4; benchmarks/NOTES_bwd_det.md).
+"""Timeline model of the backward's deterministic dQ ordering (issue 4; NOTES_bwd_det.md (the lab notes, now in git history)).
 
 One CTA per (key block n, kv head, batch), one CTA per SM (132 SMs), launched in grid order onto
 the first free SM. A CTA walks its kept 64-row query tiles in ascending order:
@@ -15,8 +15,8 @@ Launch orders: "x" = the current one (n descending fastest, then kv head, then b
 Deterministic CTAs only wait on CTAs launched before them, so one pass in launch order with a
 min-heap of SM free times is exact for this model.
 
-Usage: python benchmarks/bwd_det_model.py [--heads 32] [--masks ...] [--orders x g8] [--nbuf 2 4]
-Numbers in NOTES_bwd_det.md come from `python benchmarks/bwd_det_model.py` (default arguments)
+Usage: python tests/det_sim/bwd_det_model.py [--heads 32] [--masks ...] [--orders x g8] [--nbuf 2 4]
+Numbers in NOTES_bwd_det.md come from `python tests/det_sim/bwd_det_model.py` (default arguments)
 and `--nbuf 2 4 --orders x g8 --heads 16`. "nowait" = the deterministic writer costs without
 any ordering wait (the floor a launch order can reach).
 """
@@ -403,7 +403,7 @@ def main():
 
 # ------------------------------------------------------------------------------------------------
 # Variant 16 / 19 (80-row query tiles, one dQ smem buffer, serial deterministic writer) on the
-# real suite masks (benchmarks/NOTES_detwalk.md). Kept tiles from bwd_mask_model.classify (the
+# real suite masks (NOTES_detwalk.md (the lab notes, now in git history)). Kept tiles from bwd_mask_model.classify (the
 # kernel's bwd_find_kept rule); the summation order per tile is descending key block (the
 # predecessor of key block n on tile m = the next higher key block that keeps m), whatever the
 # walk order; the launch order is "x" (variant 16: key block descending, pair fastest ... pair
