@@ -28,6 +28,12 @@ import subprocess
 import sys
 
 
+def norm(name: str) -> str:
+    """A kernel's mangled name without the per-file hash of anonymous namespaces (it depends on
+    the source path, so two checkouts of the same code differ there)."""
+    return re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__h_", name.strip())
+
+
 def _dump(path: str, flag: str) -> str:
     if path.endswith(".sass") and flag == "-sass":
         return open(path).read()
@@ -42,7 +48,7 @@ def sass(path: str) -> dict[str, list[str]]:
         name, body = part.split("\n", 1)
         body = body.split("..........")[0]
         lines = [" ".join(re.sub(r"/\*[^*]*\*/", "", l).split()) for l in body.splitlines()]
-        out[name.strip()] = [l for l in lines if l]
+        out[norm(name)] = [l for l in lines if l]
     return out
 
 
@@ -54,7 +60,7 @@ def resources(path: str) -> dict[str, dict[str, int]]:
     for line in _dump(path, "-res-usage").splitlines():
         m = re.match(r"\s*Function (\S+):", line)
         if m:
-            name = m.group(1)
+            name = norm(m.group(1))
             continue
         if name and "REG:" in line:
             out[name] = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line)}
@@ -70,7 +76,7 @@ def spills(log: str | None) -> dict[str, tuple[int, int]]:
     for line in open(log, errors="replace"):
         m = re.search(r"Function properties for (\S+)", line)
         if m:
-            name = m.group(1)
+            name = norm(m.group(1))
             continue
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and name:
