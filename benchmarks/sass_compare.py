@@ -31,7 +31,7 @@ import sys
 def norm(name: str) -> str:
     """A kernel's mangled name without the per-file hash of anonymous namespaces (it depends on
     the source path, so two checkouts of the same code differ there)."""
-    return re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__h_", name.strip())
+    return re.sub(r"_GLOBAL__N__[0-9a-f]{8}_", "_GLOBAL__N__00000000_", name.strip())
 
 
 def _dump(path: str, flag: str) -> str:
