@@ -151,3 +151,23 @@ def test_scale_must_be_positive(scale):
         cuda.forward(q, q, q, bounds, scale=scale)
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):
         cuda.run_backward(configs.BWD_D64, q, q, q, bounds, q, jnp.zeros((1, 16, 2)), q, scale=scale)
+
+
+def test_ffi_calls_carry_the_config(monkeypatch):
+    """Lowered (no GPU, a stand-in extension): the custom calls name the table's config as a
+    string attribute and size the workspaces from it."""
+    monkeypatch.setattr(_extension, "load", lambda: (types.SimpleNamespace(), ""))
+    monkeypatch.setattr(_extension, "compiled_configs",
+                        lambda: frozenset(c.name for c in configs.FORWARD_CONFIGS + configs.BACKWARD_CONFIGS))
+    q = jnp.zeros((1, 300, 4, 256), jnp.bfloat16)
+    b = jnp.zeros((1, 1, 4, 300), jnp.int32)
+    lse = jnp.zeros((1, 300, 4), jnp.float32)
+    fwd = jax.jit(lambda q, b: cuda.forward(q, q, q, b, scale=0.1, structure="causal", sm_margin=3))
+    hlo = fwd.lower(q, b).as_text()
+    assert f'config = "{configs.FWD_D256_BN80_PAIRED.name}"' in hlo and "sm_margin = 3" in hlo
+    assert f"tensor<{configs.FWD_D256_BN80_PAIRED.workspace_words(1, 1, 300)}xi32>" in hlo
+    bwd = jax.jit(lambda q, b, lse: cuda.backward(q, q, q, b, q, lse, q, None, scale=0.1,
+                                                  deterministic=True))
+    hlo = bwd.lower(q, b, lse).as_text()
+    assert f'config = "{configs.BWD_D256.name}"' in hlo and "deterministic = 1" in hlo
+    assert "tensor<1x4x5x1xi32>" in hlo  # ordering bits [B, N, 300 / 64 tiles, 1 word]
