@@ -1,8 +1,8 @@
-"""CPU checks of the fused backward prep and the dQ convert (cc/sm90/bwd_aux.cu, branch bwdprep;
-benchmarks/NOTES_bwdprep.md).
+"""CPU checks of the fused backward prep and the dQ convert (cc/sm90/bwd_aux.cu).
 
 The kernels' index math is transcribed here and compared, for a grid of workspace shapes of every
-variant family (64-, 80- and 128-row query tiles; d = 64 / 128 / 256), with what it replaced:
+backward configuration (64-, 80- and 128-row query tiles; d = 64 / 128 / 256), with what it
+replaced:
 - bwd_prep_fused_kernel zeroes exactly the bytes the removed cudaMemsetAsync of dq_accum zeroed
   (every float once, nothing outside), and writes the row statistics of every (b, h, i < sq_pad)
   exactly once (real rows from the input-order rows, padded rows from the grid-stride loop);
@@ -20,38 +20,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jax_flashmask.backends.cuda import configs
+
 ROOT = Path(__file__).resolve().parents[1]
-AUX = (ROOT / "cc" / "sm90" / "bwd_aux.cu").read_text()
-KERNEL = (ROOT / "cc" / "sm90" / "bwd_kernel.cuh").read_text()
-D256 = (ROOT / "cc" / "sm90" / "bwd_d256_kernel.cuh").read_text()
+SM90 = ROOT / "cc" / "sm90"
+AUX = (SM90 / "bwd_aux.cu").read_text()
+# the backward's host launcher and the parts it composes (the d = 256 kernel's launcher apart)
+KERNEL = "\n".join(p.read_text() for p in sorted(SM90.glob("*.cuh")) if p.name != "bwd_d256_kernel.cuh")
+D256 = (SM90 / "bwd_d256_kernel.cuh").read_text()
 
 PREP_THREADS = 256
 ROW_THREADS = 8
 ROWS_PER_BLOCK = PREP_THREADS // ROW_THREADS
 
 
-def block_m(d: int, variant: int) -> int:
-    """Query rows per tile (jax_flashmask._cuda._bwd_block_m, transcribed: no jax import)."""
-    if variant == 16 and d == 128:
-        return 80
-    if variant in (7, 11) and d == 64:
-        return 128
-    return 64
-
-
 def shapes():
     out = []
-    for d, variants in ((64, (5, 7, 11, 13)), (128, (5, 13, 16, 17)), (256, (5,))):
-        for variant in variants:
-            for B, Sq, N in ((1, 1, 1), (1, 79, 3), (2, 80, 2), (1, 81, 4), (3, 127, 1),
-                             (1, 129, 2), (2, 200, 3), (1, 333, 5)):
-                out.append((B, Sq, N, d, variant))
+    for c in configs.BACKWARD_CONFIGS:
+        for B, Sq, N in ((1, 1, 1), (1, 79, 3), (2, 80, 2), (1, 81, 4), (3, 127, 1),
+                         (1, 129, 2), (2, 200, 3), (1, 333, 5)):
+            out.append((B, Sq, N, c.head_dim, c.block_m))
     return out
 
 
-def memset_range(B, Sq, N, d, variant):
+def memset_range(B, Sq, N, d, bm):
     """Bytes the removed cudaMemsetAsync zeroed: sizeof(float) * B * N * sq_pad * T::D."""
-    bm = block_m(d, variant)
     sq_pad = -(-Sq // bm) * bm
     return 4 * B * N * sq_pad * d, sq_pad
 
@@ -62,9 +55,9 @@ def fused_grid(B, Sq, N):
     return blocks, blocks * PREP_THREADS
 
 
-@pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
-def test_zeroing_covers_the_memset_range(B, Sq, N, d, variant):
-    nbytes, sq_pad = memset_range(B, Sq, N, d, variant)
+@pytest.mark.parametrize("B,Sq,N,d,bm", shapes())
+def test_zeroing_covers_the_memset_range(B, Sq, N, d, bm):
+    nbytes, sq_pad = memset_range(B, Sq, N, d, bm)
     zero_floats = B * N * sq_pad * d  # bwd_prepare_workspaces' argument
     assert 4 * zero_floats == nbytes
     _, nthreads = fused_grid(B, Sq, N)
@@ -80,14 +73,14 @@ def test_zeroing_covers_the_memset_range(B, Sq, N, d, variant):
 
 
 @pytest.mark.parametrize("K", [1, 2, 4])
-@pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
-def test_zero_ahead_prefix(B, Sq, N, d, variant, K):
+@pytest.mark.parametrize("B,Sq,N,d,bm", shapes())
+def test_zero_ahead_prefix(B, Sq, N, d, bm, K):
     """launch_bwd_impl's zeroing amounts: K * B pairs of (N / K) * sq_pad * d floats are the
     whole memset range; unit 0 (pair 0 = kv head 0 of batch 0, or the first G pairs of a
     deterministic group) is a prefix of it, the rows of query heads 0 .. G * N / K - 1."""
     if N % K:
         pytest.skip("N must be a multiple of K")
-    nbytes, sq_pad = memset_range(B, Sq, N, d, variant)
+    nbytes, sq_pad = memset_range(B, Sq, N, d, bm)
     pairs, pair_floats = K * B, (N // K) * sq_pad * d
     assert 4 * pair_floats * pairs == nbytes
     for g in range(1, pairs + 1):  # dq_accum [B, N, sq_pad, d]: pair u = b * K + hk
@@ -97,9 +90,9 @@ def test_zero_ahead_prefix(B, Sq, N, d, variant, K):
         assert g * pair_floats == len(flat) * sq_pad * d
 
 
-@pytest.mark.parametrize("B,Sq,N,d,variant", shapes())
-def test_row_statistics_written_once(B, Sq, N, d, variant):
-    _, sq_pad = memset_range(B, Sq, N, d, variant)
+@pytest.mark.parametrize("B,Sq,N,d,bm", shapes())
+def test_row_statistics_written_once(B, Sq, N, d, bm):
+    _, sq_pad = memset_range(B, Sq, N, d, bm)
     blocks, nthreads = fused_grid(B, Sq, N)
     hits = np.zeros(B * N * sq_pad, np.int32)
     src_of = np.full(B * N * sq_pad, -1, np.int64)
@@ -280,12 +273,12 @@ def _meta_layout_from_source() -> dict:
 
 @pytest.mark.parametrize("B,Hm,K,nblk", [(1, 1, 1, 1), (2, 8, 4, 65), (3, 1, 2, 7), (1, 32, 8, 1024)])
 def test_meta_workspace_size_matches_bwd_meta_layout(B, Hm, K, nblk):
-    """The metadata workspace jax_flashmask._cuda allocates ends exactly where the C++ layout's
-    last field (the look-ahead zeroing's counters) ends: one size, written in two languages."""
-    from jax_flashmask._cuda import _bwd_meta_words
-
+    """The metadata workspace the backend allocates (BackwardConfig.meta_words) ends exactly where
+    the C++ layout's last field (the look-ahead zeroing's counters) ends: one size, written in two
+    languages."""
     env = {"p_B": B, "p_Hm": Hm, "p_K": K, "nblk": nblk}
     for field, expr in _meta_layout_from_source().items():
         env["l_" + field] = eval(expr, {}, dict(env))  # noqa: S307 (transcribed source)
     assert env["l_sched"] == B * Hm * 8 * nblk  # the block metadata comes first
-    assert _bwd_meta_words(B, Hm, K, nblk) == env["l_end"]
+    for c in configs.BACKWARD_CONFIGS:
+        assert c.meta_words(B, Hm, K, nblk * c.block_n) == env["l_end"], c.name

@@ -3,6 +3,7 @@
 // results that the Python side discards.
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <cuda_runtime.h>
 
@@ -23,8 +24,8 @@ int64_t prod_dims(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer bounds, ffi::AnyBuffer o, ffi::AnyBuffer lse,
-                   ffi::AnyBuffer dout, ffi::AnyBuffer dlse, float scale, int32_t dq_mode,
-                   int32_t deterministic, int32_t variant, int32_t sm_margin,
+                   ffi::AnyBuffer dout, ffi::AnyBuffer dlse, float scale,
+                   int32_t deterministic, std::string_view config, int32_t sm_margin,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
                    ffi::Result<ffi::AnyBuffer> rowstats, ffi::Result<ffi::AnyBuffer> meta,
@@ -97,30 +98,15 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.d = (int)d;
   p.scale = scale;
   p.dtype = dt;
-  if (dq_mode != 0 && dq_mode != 1)
-    return ffi::Error::InvalidArgument("flashmask_bwd: dq_mode must be 0 (atomics) or 1 (bulk)");
-  p.dq_mode = dq_mode;
+  p.dq_mode = 1;  // dQ tiles reduced in bulk (the deterministic order needs it)
   if (deterministic != 0 && deterministic != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: deterministic must be 0 or 1");
-  if (deterministic && dq_mode != 1)
-    return ffi::Error::InvalidArgument("flashmask_bwd: deterministic mode needs dq_mode 1 (bulk)");
   p.deterministic = deterministic;
-  // removed: 1-4, 8, 9 (9 = the O(1) tile walk, now in every variant)
-  // 12 / 13: lock-step consumers, d = 128 only (the launcher refuses other head dims)
-  // 14: variant 5 with interleaved (kv head, batch) launch groups in deterministic mode; 15: 14
-  // with a pipelined deterministic dQ writer; 16: 13 with 80-row query tiles (d = 128 only; the
-  // caller pads Sq to a multiple of 80); 17: 13 with 15's writer and launch groups sized on the
-  // device in deterministic mode (d = 128; d = 256 runs its own kernel for every variant)
-  // 19: 16 with launch groups sized on the device in deterministic mode (d = 128 only); 21: 19
-  // with the pre-pass's key-block order for inverted tails (d = 128 only)
-  if (!((variant >= 5 && variant <= 7) || (variant >= 10 && variant <= 17) || variant == 19 ||
-        variant == 21))
-    return ffi::Error::InvalidArgument(
-        "flashmask_bwd: kernel variant must be 5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 19 or 21");
-  p.variant = variant;
+  p.config = config.data();
+  p.config_len = config.size();
   if (sm_margin < 0)
     return ffi::Error::InvalidArgument("flashmask_bwd: sm_margin must be >= 0");
-  p.sm_margin = sm_margin;  // variant 6 only
+  p.sm_margin = sm_margin;  // persistent configurations only
   p.dq_sem = static_cast<uint32_t*>(dq_sem->untyped_data());
   p.dq_sem_capacity = (int64_t)dq_sem->element_count();
 
@@ -150,9 +136,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskBwdSm90, jfm::BwdImpl,
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // dlse
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("dq_mode")
                                   .Attr<int32_t>("deterministic")
-                                  .Attr<int32_t>("variant")
+                                  .Attr<std::string_view>("config")
                                   .Attr<int32_t>("sm_margin")
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk

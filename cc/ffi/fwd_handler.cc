@@ -2,6 +2,7 @@
 // code that knows about XLA. Errors come back as ffi::Error; the handler never synchronizes.
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <cuda_runtime.h>
 
@@ -21,7 +22,7 @@ int64_t prod(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 }
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                   ffi::AnyBuffer bounds, float scale, int32_t variant, int32_t sm_margin,
+                   ffi::AnyBuffer bounds, float scale, std::string_view config, int32_t sm_margin,
                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
                    ffi::Result<ffi::AnyBuffer> meta) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
@@ -77,7 +78,8 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.d = (int)d;
   p.scale = scale;
   p.dtype = dt;
-  p.variant = variant;
+  p.config = config.data();
+  p.config_len = config.size();
   p.sm_margin = sm_margin;
 
   const char* msg = nullptr;
@@ -102,7 +104,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskFwdSm90, jfm::FwdImpl,
                                   .Arg<ffi::AnyBuffer>()  // v
                                   .Arg<ffi::AnyBuffer>()  // bounds
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("variant")
+                                  .Attr<std::string_view>("config")
                                   .Attr<int32_t>("sm_margin")
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse

@@ -21,6 +21,7 @@ NB_MODULE(_flashmask_cuda, m) {
     cudaRuntimeGetVersion(&v);
     return v;
   });
-  // backward configurations compiled in, "dtype_dHEAD" (see jax_flashmask/_cuda.py)
-  m.attr("backward_configs") = nb::str(jfm::bwd_compiled_configs());
+  // the kernel configurations compiled in (names of jax_flashmask/backends/cuda/configs.py), each
+  // for bf16 and fp16
+  m.def("compiled_configs", []() { return nb::str(jfm::compiled_configs()); });
 }

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <cutlass/array.h>
 #include <cutlass/numeric_types.h>
 #include "bwd_launch.cuh"
@@ -145,7 +144,7 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
 // (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
 // wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
 // lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
-// otherwise. Variant 7's 128-row tiles (d = 64: the warpgroups split the rows) are two such
+// otherwise. 128-row tiles (d = 64: the warpgroups split the rows) are two such
 // blocks in a row, so this reader does not depend on the kernel's query-tile size.
 __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
   const int wq = c / dqc, cc = c % dqc;
@@ -157,7 +156,7 @@ __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
 template <class Elem>
 __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
                                    int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
-  static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (variant 7: two per tile)");
+  static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (128-row tiles: two per tile)");
   constexpr int kUnroll = 4;  // pairs per thread per trip: their loads are issued before the stores
   const int hp = d / 2;  // pairs per row
   const int dqc = d >= 128 ? d / 2 : d;
@@ -193,7 +192,7 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
   }
 }
 
-// Variant 16 (80-row query tiles, d = 128; bwd_kernel.cuh kDqTrans): each 80 x 128 tile of the
+// 80-row query tiles (d = 128; traits.h kDqTrans): each 80 x 128 tile of the
 // workspace holds dQ^T in two slabs of 64 d-rows x 80 query columns (slab wq = d columns
 // [64*wq, 64*wq + 64)), each in the fragment order above with (row, col) = (d, query) and 10
 // column groups of 8: element (query r, d column c) at wq*64*80 + (((cc/16)*2 + (cc/8)%2)*10 +
@@ -280,7 +279,7 @@ __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const 
   }
 }
 
-// Variant 6 scheduler pre-pass. Query tiles of key block n that the kernel does not skip, for one
+// Persistent-grid scheduler pre-pass. Query tiles of key block n that the kernel does not skip, for one
 // mask head: mblk minus the tiles lying entirely inside [LTSmax, LTEmin) or [UTSmax, UTEmin) (the
 // skip test of bwd_find_kept). Both are contiguous tile ranges; |R1 u R2| = |R1| + |R2| - |R1 n R2|.
 constexpr int kSchedThreads = 1024;
@@ -327,18 +326,13 @@ __global__ void __launch_bounds__(kSchedThreads) bwd_sched_kernel(
   }
 }
 
-// Variant 17 pre-pass (bwd_det_group_sm90). Per (batch, mask head, key block) item: the kept query
-// tiles (as bwd_sched_kernel counts them) and the first kept tile (bwd_find_kept's three jumps over
-// the two skipped ranges; mblk: none). A key block "co-starts" when it keeps a tile and its first
-// kept tile is that of the key block above it (documents: every key block but a document's top
-// one; causal / sliding window / causal documents: none, each starts at its diagonal).
+// Deterministic pre-passes (bwd_det_group80_sm90, bwd_det_order_sm90). Per (batch, mask head,
+// key block) item: the kept query tiles (as bwd_sched_kernel counts them) and the first kept tile
+// (bwd_find_kept's three jumps over the two skipped ranges; mblk: none). A key block "co-starts"
+// when it keeps a tile and its first kept tile is that of the key block above it (documents:
+// every key block but a document's top one; causal / sliding window / causal documents: none,
+// each starts at its diagonal).
 constexpr int kDetGroupThreads = 512;
-
-__device__ __forceinline__ void det_skip(const int32_t* mt, int nblk, int Sq, int mblk, int& l1,
-                                         int& h1, int& l2, int& h2) {
-  sched_inside(mt[1 * nblk], mt[2 * nblk], Sq, mblk, l1, h1);  // LTSmax, LTEmin
-  sched_inside(mt[5 * nblk], mt[6 * nblk], Sq, mblk, l2, h2);  // UTSmax, UTEmin
-}
 
 __device__ __forceinline__ int det_first_kept(int l1, int h1, int l2, int h2) {
   int m = 0;
@@ -348,67 +342,17 @@ __device__ __forceinline__ int det_first_kept(int l1, int h1, int l2, int h2) {
   return m;
 }
 
-__global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group_kernel(
-    const int32_t* __restrict__ meta, int32_t* __restrict__ sched, int BH, int nblk, int mblk,
-    int Sq, int pairs, int max_group) {
-  __shared__ unsigned long long tot[3];  // kept tiles, items keeping a tile, co-starting items
-  if (threadIdx.x < 3) tot[threadIdx.x] = 0ull;
-  __syncthreads();
-  const int64_t items = (int64_t)BH * nblk;
-  unsigned long long kept = 0ull, live = 0ull, costart = 0ull;
-  for (int bh = 0; bh < BH; ++bh) {
-    for (int n = threadIdx.x; n < nblk; n += kDetGroupThreads) {
-    const int32_t* mt = meta + (int64_t)bh * 8 * nblk + n;
-    int l1, h1, l2, h2;
-    det_skip(mt, nblk, Sq, mblk, l1, h1, l2, h2);
-    const int c1 = max(h1 - l1 + 1, 0), c2 = max(h2 - l2 + 1, 0);
-    const int c12 = max(min(h1, h2) - max(l1, l2) + 1, 0);
-    const int k = max(mblk - (c1 + c2 - c12), 0);
-    kept += (unsigned long long)k;
-    if (k > 0) {
-      ++live;
-      if (n + 1 < nblk) {
-        const int f = det_first_kept(l1, h1, l2, h2);
-        det_skip(mt + 1, nblk, Sq, mblk, l1, h1, l2, h2);
-        costart += f == det_first_kept(l1, h1, l2, h2) ? 1ull : 0ull;
-      }
-    }
-    }
-  }
-  atomicAdd(&tot[0], kept);
-  atomicAdd(&tot[1], live);
-  atomicAdd(&tot[2], costart);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int cap = max(1, min(max_group, pairs));
-    // Chains that start together (co-starting key blocks are at least half of the live ones):
-    // as many pairs per group as keep G * (mean kept tiles per key block) <= mblk, i.e. the pairs
-    // of a launch group together stream about one head's rows (the L2 working set of variant 5's
-    // order). Otherwise (diagonal starts: the chain staggers itself) G = 1, variant 5's order.
-    unsigned long long g = 1ull;
-    if (2ull * tot[2] >= tot[1] && tot[1] > 0ull)
-      g = tot[0] == 0ull ? (unsigned long long)cap
-                         : (unsigned long long)mblk * (unsigned long long)items / tot[0];
-    sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
-  }
-}
-
-// Variant 19 pre-pass (bwd_det_group80_sm90): variant 17's per-item counts at variant 16's 80-row
-// query tiles, plus the last kept tile (det_last_kept, the mirror of det_first_kept: three jumps
+// Launch-group pre-pass of the 80-row kernel (bwd_det_group80_sm90): the per-item counts at
+// 80-row query tiles, plus the last kept tile (det_last_kept, the mirror of det_first_kept: three jumps
 // down over the two skipped ranges; -1: none) and the inverted tiles (det_tally).
 constexpr int kDetGroupRows80 = 80;
 // The launch group's L2 budget, in 80-row query tiles: G interleaved pairs walk about G * L tiles
 // (L = mean kept tiles per live key block), each tile's Q, dO and fp32 dQ rows ~80 KB at d = 128,
-// so 300 tiles ~ 24 MB, half the L2. H200 s11 (deterministic, TFLOP/s at G = 1 / 2 / 4 / 8):
-// 128K document (L = 186) 460 / 463 / 453 / 437, global_sliding_window (L = 203) 465 / 456 /
-// 446 / 426; 32K (L ~ 50-60) G = 4 >= 8 on document, global_sliding_window, causal_blockwise; at
-// 8K (L <= 38) the co-start chains want the full 8: document 3 / 4 / 8 -> 396 / 403 / 412,
-// global_sliding_window 4 / 6 / 8 -> 338 / 344 / 349, prefix_lm_document 5 / 8 -> 372 / 383, so
-// co-starting chains take G = 8 and the budget alone limits it (variant 17's mblk / L rule, fitted
-// at 32K, stays only as the switch that keeps full / causal-like walks at G = 1).
+// so 300 tiles ~ 24 MB, half the L2. Co-starting chains take G = kDetGroupPairs and the budget
+// alone limits it; the co-start test (more than half of the query tiles per key block) keeps
+// full / causal-like walks at G = 1 (docs/decisions.md#bwd-d128-det).
 constexpr unsigned kDetGroupTileBudget = 300;
-// G of the inverted-tails branch (causal blockwise): H200 s11, G = 2 / 4 / 8: 32K 361 / 405 / 400,
-// 128K 403 / 405 / 390, 8K 4 / 8: 411 / 397 TFLOP/s (session 10: 16 / 32 / 64 lose more).
+// G of the inverted-tails branch (causal blockwise; docs/decisions.md#bwd-d128-det).
 constexpr unsigned kDetGroupInverted = 4;
 
 template <int Rows>
@@ -433,14 +377,13 @@ __device__ __forceinline__ int det_kept_rows(const int32_t* mt, int nblk, int Sq
   return max(mblk - (c1 + c2 - c12), 0);
 }
 
-// Variant 21's key-block order (the inverted-tails case; also variants 7 / 11 and the d = 256
-// kernel in deterministic mode): the key blocks of each (batch, mask head) in windows of
-// kDetOrderWindow consecutive key blocks, the highest window first (variant 19's descending order
+// The deterministic key-block order (the inverted-tails case; the 80-row kernel's launch groups,
+// and the d = 64 and d = 256 kernels' launches): the key blocks of each (batch, mask head) in
+// windows of kDetOrderWindow consecutive key blocks, the highest window first (descending order
 // between windows), inside a window in ascending kept-tile count, ties by descending key block,
 // i.e. the order in which their walks reach a tail that all of them share. The window keeps the
 // resident CTAs on the rows of ~32K keys' documents (sorting a whole 128K head interleaves every
-// document and measured no gain there: H200 s12 run 2, 128K 401 -> 399 TFLOP/s; 32K, one window,
-// 405 -> 418). Written position -> key block at order[bh * nblk + i], from the rank of each key
+// document: docs/decisions.md#bwd-d128-det). Written position -> key block at order[bh * nblk + i], from the rank of each key
 // block in its window (kept counts in smem).
 constexpr int kDetPermMaxBlocks = 12000;  // kept counts in dynamic shared memory (under 48 KB)
 constexpr int kDetOrderWindow = 256;      // key blocks (32K keys at 128 keys per block)
@@ -528,16 +471,15 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
     int Sq, int pairs, int max_group, int perm, int window) {
   __shared__ DetTallies tot;
   __shared__ int use_order;
-  extern __shared__ int kept_s[];  // variant 21: nblk kept counts (perm only)
+  extern __shared__ int kept_s[];  // nblk kept counts (perm only)
   const int64_t items = (int64_t)BH * nblk;
   det_tally<kDetGroupRows80>(meta, BH, nblk, mblk, Sq, &tot);
   if (threadIdx.x == 0) {
     const int cap = max(1, min(max_group, pairs));
     // co-starting chains whose key blocks keep on average at most half of the query tiles (not
     // full / causal-like walks over the whole head): G = cap; inverted tails: G =
-    // kDetGroupInverted; otherwise G = 1 (variant 16's order). Then the L2 budget: G * (mean kept
-    // tiles per live key block) <= kDetGroupTileBudget. Host twin: benchmarks/bwd_det_model.py
-    // auto_group19.
+    // kDetGroupInverted; otherwise G = 1 (the default mode's order). Then the L2 budget: G * (mean
+    // kept tiles per live key block) <= kDetGroupTileBudget.
     unsigned long long g = 1ull;
     const bool inverted = det_inverted(tot);
     if (tot.live > 0ull) {
@@ -551,7 +493,7 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
         g = min(g, (unsigned long long)kDetGroupTileBudget * tot.live / tot.kept);
     }
     sched[1] = (int)max(1ull, min(g, (unsigned long long)cap));
-    // variant 21: the inverted tails also get their arrival order (bwd_kernel.cuh BwdDetAuto80)
+    // the inverted tails also get their arrival order (traits.h BwdDetAuto80)
     use_order = perm && inverted && nblk <= kDetPermMaxBlocks ? 1 : 0;
     sched[2] = use_order;
   }
@@ -559,8 +501,8 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_group80_kernel(
   if (use_order) det_order_rows<kDetGroupRows80>(meta, sched + 4 + nblk, BH, nblk, mblk, Sq, window, kept_s);
 }
 
-// The same order for the kernels launched (nblk, K, B) in deterministic mode (variants 7 / 11 at
-// 128-row tiles, the d = 256 kernel at 64): sched[2] = 1 and the order where the tails are
+// The same order for the kernels launched (nblk, K, B) in deterministic mode (d = 64 at 128-row
+// tiles, d = 256 at 64): sched[2] = 1 and the order where the tails are
 // inverted, else sched[2] = 0 (descending key block).
 template <int Rows>
 __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_order_kernel(
@@ -579,27 +521,17 @@ __global__ void __launch_bounds__(kDetGroupThreads) bwd_det_order_kernel(
 }
 
 // The order's kept counts in dynamic smem, rounded up to 4 ints (the rank loop reads kept_s 16
-// bytes at a time, its tail included); JFM_BWD_DET_ORDER_WINDOW=W overrides the window (a multiple
-// of 4; timing experiments, read once).
+// bytes at a time, its tail included).
 size_t det_order_smem(int nblk) {
   return nblk <= kDetPermMaxBlocks ? sizeof(int) * (size_t)((nblk + 3) / 4 * 4) : 0;
 }
-int det_order_window() {
-  static const int env_window = [] {
-    const char* s = std::getenv("JFM_BWD_DET_ORDER_WINDOW");
-    const int w = s ? std::atoi(s) : 0;
-    return w > 0 && w % 4 == 0 ? w : 0;
-  }();
-  return env_window > 0 ? env_window : kDetOrderWindow;
-}
-
 }  // namespace
 
 cudaError_t bwd_det_group80_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
                                  int mblk, int Sq, int pairs, int max_group, bool perm,
                                  cudaStream_t stream) {
   bwd_det_group80_kernel<<<1, kDetGroupThreads, perm ? det_order_smem(nblk) : 0, stream>>>(
-      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0, det_order_window());
+      meta, sched, B * Hm, nblk, mblk, Sq, pairs, max_group, perm ? 1 : 0, kDetOrderWindow);
   return cudaGetLastError();
 }
 
@@ -608,14 +540,7 @@ cudaError_t bwd_det_order_sm90(const int32_t* meta, int32_t* sched, int B, int H
   auto kernel = rows == 128 ? &bwd_det_order_kernel<128> : rows == 64 ? &bwd_det_order_kernel<64> : nullptr;
   if (kernel == nullptr) return cudaErrorInvalidValue;
   kernel<<<1, kDetGroupThreads, det_order_smem(nblk), stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
-                                                                det_order_window());
-  return cudaGetLastError();
-}
-
-cudaError_t bwd_det_group_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, int nblk,
-                               int mblk, int Sq, int pairs, int max_group, cudaStream_t stream) {
-  bwd_det_group_kernel<<<1, kDetGroupThreads, 0, stream>>>(meta, sched, B * Hm, nblk, mblk, Sq,
-                                                           pairs, max_group);
+                                                                kDetOrderWindow);
   return cudaGetLastError();
 }
 
@@ -671,10 +596,10 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
   return bwd_prep_launch<cutlass::half_t>(p, sq_pad, dq_zero_floats, stream);
 }
 
-cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t stream) {
+cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {
   const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
   if (npairs == 0) return cudaSuccess;
-  if (bwd_rows80_variant(p.variant) && p.d == kRows80D) {  // 80-row tiles (16, 19, 21)
+  if (block_m == kRows80 && p.d == kRows80D) {  // 80-row tiles: the transposed fragment order
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
     const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
@@ -703,45 +628,4 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, cudaStream_t str
 }
 
 }  // namespace sm90
-
-const char* bwd_compiled_configs() {
-  return "bf16_d64,bf16_d128,bf16_d256,fp16_d64,fp16_d128,fp16_d256";
-}
-
-cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err) {
-  using cutlass::bfloat16_t;
-  using cutlass::half_t;
-  if (p.B == 0 || p.N == 0 || p.Sk == 0) return cudaSuccess;
-  if (p.Sq == 0) {  // no queries: dK = dV = 0 (dQ is empty)
-    const size_t bytes = (size_t)p.B * p.Sk * p.K * p.d * 2;
-    cudaError_t e = cudaMemsetAsync(p.dk, 0, bytes, stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(p.dv, 0, bytes, stream);
-    return e;
-  }
-  if (p.Sk < 0 || p.Sq < 0) {
-    if (err) *err = "flashmask sm90 backward: negative sequence length";
-    return cudaErrorInvalidValue;
-  }
-  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
-    if (err) *err = "flashmask sm90 backward: N must be a multiple of K and of Hm";
-    return cudaErrorInvalidValue;
-  }
-  const bool bf16 = p.dtype == DType::kBF16;
-  switch (p.d) {
-    case 64:
-      return bf16 ? sm90::launch_bwd<bfloat16_t, 64>(p, stream, err)
-                  : sm90::launch_bwd<half_t, 64>(p, stream, err);
-    case 128:
-      return bf16 ? sm90::launch_bwd<bfloat16_t, 128>(p, stream, err)
-                  : sm90::launch_bwd<half_t, 128>(p, stream, err);
-    case 256:  // one kernel for every variant number; key blocks of 64 (bwd_d256_kernel.cuh)
-      return bf16 ? sm90::launch_bwd_d256<bfloat16_t>(p, stream, err)
-                  : sm90::launch_bwd_d256<half_t>(p, stream, err);
-    default:
-      break;
-  }
-  if (err) *err = "flashmask sm90 backward: compiled for head dims 64, 128 and 256 (bf16, fp16) only";
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace jfm

@@ -7,7 +7,7 @@
 // same ordering bits), but with a different split of the work, because the d = 128 design does
 // not fit: 64 keys x 256 columns of dK plus dV are 256 fp32 registers per thread of a warpgroup.
 //
-// Design (benchmarks/NOTES.md, "d = 256 backward"):
+// Design (docs/decisions.md#bwd-d256):
 //  * Bn = 64 keys per CTA (the block metadata is built at 64 too), Bm = 64 query rows per tile.
 //    384 threads: a producer warpgroup (setmaxnreg 24: TMA warp, dQ-writer warp, skip-bit warp)
 //    and two consumer warpgroups (240) that split the work by columns instead of by keys:
@@ -23,9 +23,9 @@
 //    wait, the first half of the dQ store, the S / dP GEMMs of tile t+1 (issued once 32 dQ
 //    registers are free), the second half of the dQ store under them, then the exp / dS math of
 //    tile t+1. Every wgmma group is waited in the loop iteration that issued it (none in flight
-//    across the back edge). P / dS are double buffered. (An "EarlySdP" form that issued the S / dP
-//    GEMMs of tile t+1 before the dV / dK GEMMs of tile t measured 21 % slower on the H200 and
-//    was removed: its Q / dO load latency is exposed, see the next point);
+//    across the back edge). P / dS are double buffered. (Issuing the S / dP GEMMs of tile t+1
+//    before the dV / dK GEMMs of tile t is slower: its Q / dO load latency is exposed, see the
+//    next point);
 //  * the dQ tile needs 64 KB of fp32 staging for the bulk reduce, which does not fit beside K, V
 //    (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers (32 KB). Once both
 //    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), the Q / dO stage of tile t is
@@ -37,77 +37,30 @@
 //    atomics from registers, the stage is released straight after the GEMMs.
 // The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
 // warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
+// Contract: as bwd_kernel.cuh (dq / dk / dv of BwdParams, deterministic dQ by the ordered writer
+//   of epilogue.cuh); sm_margin is not honoured (one CTA per work item).
+// Synchronization: Q / dO ring full / empty, pds_full (both P / dS slices stored), `consumed`
+//   (both warpgroups' GEMMs of a tile done: the stage is free for the dQ staging), dq_full /
+//   dq_empty of the staged halves.
+// Knobs: BwdD256Traits<Elem> (traits.h).
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
 
-#include "bwd_kernel.cuh"  // BwdArgs, bwd_find_kept, bwd_mark_skipped, ordering-bit helpers, pp_*
+#include "bwd_host.cuh"
+#include "bwd_launch.cuh"
+#include "bwd_mainloop.cuh"
+#include "epilogue.cuh"
+#include "kernel_args.h"
+#include "mask_walk.cuh"
+#include "primitives.cuh"
+#include "softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "traits.h"
 
 namespace jfm::sm90 {
 
-template <class Elem_>
-struct BwdD256Traits {
-  using Elem = Elem_;
-  static constexpr int D = 256, Bm = kBwdBlockM, Bn = 64, NWG = 2, Stages = 2, kPdsBufs = 2;
-  static constexpr int kThreads = 128 * (NWG + 1);
-  static constexpr int kQCols = Bm / NWG;  // query columns of S^T / dP^T per warpgroup
-  static constexpr int kDCols = D / NWG;   // d columns of dK / dV / dQ per warpgroup
-  static constexpr int kDqKK = kDCols / 8;
-  static_assert(Bm == 64, "fragment order (bwd_convert) assumes 64-row query tiles");
-
-  // Q / dO ring (Bm, D, Stages), K-major; (D, Bm, Stages) MN-major views for dK / dV.
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                             Shape<Int<Bm>, Int<D>, Int<Stages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{},
-      make_ordered_layout(Shape<Int<D>, Int<Bm>, Int<Stages>>{}, Step<_2, _1, _3>{})));
-  using SmemLayoutK =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bn>, Int<D>>{}));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
-  // P^T and dS^T: (Bn keys, Bm queries, buffers), queries contiguous (K-major A of dV / dK); the
-  // (Bm queries, Bn keys) view of dS^T is the MN-major A operand of dQ = dS K.
-  using SmemLayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                              Shape<Int<Bn>, Int<Bm>, Int<kPdsBufs>>{}));
-  using SmemLayoutdS = decltype(composition(
-      SmemLayoutPt{},
-      make_ordered_layout(Shape<Int<Bm>, Int<Bn>, Int<kPdsBufs>>{}, Step<_2, _1, _3>{})));
-
-  // Both warpgroups share the A operand (M = 64 keys, or 64 queries for dQ) and split N.
-  using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<kQCols>, Int<D>>>(),
-      Layout<Shape<_1, Int<NWG>, _1>>{}));
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<kDCols>, Int<Bm>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<NWG>, _1>>{}));
-  using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<kDCols>, Int<Bn>>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<NWG>, _1>>{}));
-
-  static constexpr int kStageElems = Bm * D;  // one Q (or dO) stage
-  static constexpr int kDqHalfFloats = Bm * kDCols;  // one warpgroup's fp32 dQ half
-  static_assert(kDqHalfFloats * 4 == kStageElems * (int)sizeof(Elem),
-                "a warpgroup's fp32 dQ half fills exactly one Q (or dO) stage");
-
-  struct SharedStorage {
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> dO;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutPt>> p;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutPt>> ds;
-    alignas(16) float rs[Stages][2][Bm];  // [stage][0] = lse * log2(e), [stage][1] = D
-    alignas(8) uint64_t full[Stages];      // Q + dO + row statistics of a tile landed
-    alignas(8) uint64_t empty[Stages];     // stage free again (dQ read by its reduce / atomics: GEMMs done)
-    alignas(8) uint64_t consumed[Stages];  // bulk mode: both warpgroups' GEMMs on the stage done
-    alignas(8) uint64_t dq_full[Stages];   // bulk mode: both dQ halves written over the stage
-    alignas(8) uint64_t pds_full[kPdsBufs];   // P^T / dS^T slices of both warpgroups stored
-    alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
-    alignas(8) uint64_t kv_full;              // K + V landed
-  };
-};
+using namespace cute;
 
 template <class T, class TmaQ, class TmaK>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -264,7 +217,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   // The GEMM operands are rebuilt from a laundered smem pointer at every issue: otherwise ptxas
   // keeps the 64-bit GMMA descriptors of every k-step (loop invariants: 16 per operand for the
-  // d = 256 contraction) live across the tile loop and spills them (first build: 432 bytes).
+  // d = 256 contraction) live across the tile loop and spills them.
   auto smem = [&](auto* p) {
     asm volatile("mov.b64 %0, %0;" : "+l"(p));
     return make_smem_ptr(p);
@@ -535,13 +488,7 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  return bwd_convert_dq_sm90(p, sq_pad, stream);
-}
-
-// Every variant number runs the d = 256 kernel (one CTA per work item; sm_margin is ignored).
-template <class Elem>
-cudaError_t launch_bwd_d256(const BwdParams& p, cudaStream_t stream, const char** err) {
-  return launch_bwd_d256_impl<BwdD256Traits<Elem>>(p, stream, err);
+  return bwd_convert_dq_sm90(p, sq_pad, Bm, stream);
 }
 
 }  // namespace jfm::sm90

@@ -1,480 +1,27 @@
 // FlashMask-3 forward for Hopper (sm_90a): TMA -> multi-stage smem ring (mbarriers) -> WGMMA,
 // fp32 online softmax, block skip from the per-key-block metadata, element masking on partial
 // tiles only. Warp specialized: warpgroup 0 = producer (lane 0 of warp 0 issues the TMA loads of
-// Q, K, V and, for partial key blocks, bulk copies of their bounds; the kept-block sequence comes
-// from the per-warp KeptBlocks iterator), warpgroups 1..NWG = consumers (64 query rows each).
-// One CTA per query tile, or a persistent grid taking tiles from a global counter (launch_fwd).
-//
-// Written for jax_flashmask; layouts and pipeline primitives come from CuTe / CUTLASS headers.
+// Q, K, V and, for partial key blocks, bulk copies of their bounds; with mask bits warps 1-2 build
+// the element bit words), warpgroups 1..NWG = consumers (64 query rows each), ping-pong (or a
+// round robin of three) of their GEMMs with softmax / GEMM overlap inside a warpgroup. The kept
+// key-block sequence comes from the per-warp KeptBlocks walk (mask_walk.cuh). Persistent grid:
+// CTAs take query tiles (or pairs) from a global counter, heaviest first within a head.
+// Contract: out / lse of FwdParams for any canonical bounds; fully masked rows give 0 / -inf.
+// Synchronization: K / V pipelines (PipelineTmaAsync), Q full / empty and the tile-id slots
+//   (mbarriers), named barriers 1..NWG for the GEMM turns; mask bits: job_full / bits_full.
+// Knobs: the traits (traits.h) and launch_fwd's template arguments, one set per generated unit.
 #pragma once
 
-#include <algorithm>
-#include <climits>
-#include <cmath>
-#include <cstdint>
-#include <type_traits>
-
-#include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
-#include <cutlass/arch/reg_reconfig.h>
-#include <cutlass/cutlass.h>
-#include <cutlass/numeric_types.h>
-#include <cutlass/pipeline/sm90_pipeline.hpp>
-
-#include "params.h"
+#include "epilogue.cuh"
+#include "kernel_args.h"
+#include "mask_walk.cuh"
+#include "primitives.cuh"
+#include "softmax.cuh"
+#include "traits.h"
 
 namespace jfm::sm90 {
 
 using namespace cute;
-
-template <class Elem_, int D_, int Bn_, int NWG_, int Stages_, bool Overlap_>
-struct FwdTraits {
-  static constexpr bool Overlap = Overlap_;
-  using Elem = Elem_;
-  static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
-  static constexpr int Bm = 64 * NWG;
-  static constexpr int kThreads = 128 * (NWG + 1);
-  // setmaxnreg split (NWG = 2): 40/232 for Bn <= 128; the wider S/P fragments of Bn > 128 (and of
-  // Bn = 80 at d = 256, variant 13, next to its 128 O registers) need 240 per consumer thread,
-  // which leaves 24 for the producer (24*128 + 240*256 <= 64K). NWG = 3 (variant 12, d = 64):
-  // 32/160 (32*128 + 160*384 = 64K).
-  static constexpr bool kWideRegs = Bn > 128 || (D == 256 && Bn > 64);
-  static constexpr int kRegProducer = NWG == 3 ? 32 : (kWideRegs ? 24 : 40);
-  // Variant 7 (FwdTraitsGroupScan below): KeptBlocks first classifies groups of 32 key blocks
-  // (one ballot for 32 groups) and scans only the groups that may hold a kept block.
-  static constexpr bool kGroupScan = false;
-  // Variant 10 (FwdTraitsMaskBits below): partial blocks' element mask as bit words built by
-  // producer warps 1-2, one 32-bit word per key column and 32 query rows.
-  static constexpr bool kMaskBits = false;
-  static constexpr int kBuilders = 0;  // mask-builder threads (kMaskBits) arriving on K's empty barrier
-  // Variant 14 (FwdTraitsPaired below): the persistent grid hands out pairs of tiles, the second
-  // one walked from its last key block down.
-  static constexpr bool kPaired = false;
-  static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
-  static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
-  static_assert(D % 64 == 0, "head dim must be a multiple of 64");
-  static_assert(Bn % 16 == 0 && Bn <= 256, "bad key block");
-
-  // Q ring: two Q tiles where shared memory allows (the next tile's Q loads while the current tile
-  // runs on the persistent grid), else one.
-  static constexpr int kSmemKV = 2 * Stages * Bn * D * (int)sizeof(Elem);
-  static constexpr int kSmemBnd = Stages * 4 * Bn * 4;
-  static constexpr int QStages =
-      (2 * Bm * D * (int)sizeof(Elem) + kSmemKV + kSmemBnd + 1024 <= 227 * 1024) ? 2 : 1;
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                             Shape<Int<Bm>, Int<D>, Int<QStages>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                             Shape<Int<Bn>, Int<D>, Int<Stages>>{}));
-  // V^T view of the V ring: (D, Bn, Stages), MN-major for the PV GEMM's B operand.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutK{},
-      make_ordered_layout(Shape<Int<D>, Int<Bn>, Int<Stages>>{}, Step<_2, _1, _3>{})));
-
-  using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Elem, Elem, float, Shape<_64, Int<Bn>, Int<D>>>(),
-      Layout<Shape<Int<NWG>, _1, _1>>{}));
-  using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Elem, Elem, float, Shape<_64, Int<D>, Int<Bn>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<Int<NWG>, _1, _1>>{}));
-
-  // One GMMA instruction per k-step for QK^T (N = Bn) and PV (N = D): a selector fallback to a
-  // narrower N (e.g. 64x16 for Bn = 80 without CuTe's extended shapes) is a compile error.
-  static_assert(decltype(size<1>(typename TiledMmaQK::AtomShape_MNK{}))::value == Bn,
-                "QK^T GMMA atom narrower than the key block");
-  static_assert(decltype(size<1>(typename TiledMmaPV::AtomShape_MNK{}))::value == D,
-                "PV GMMA atom narrower than the head dim");
-
-  using Pipeline = cutlass::PipelineTmaAsync<Stages>;
-
-  struct SharedStorage {
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> k;
-    alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutK>> v;
-    // LTS, LTE, UTS, UTE of a partial key block, one slot per K stage (bulk copy on K's barrier)
-    alignas(128) int32_t bnd[Stages][4][Bn];
-    typename Pipeline::SharedStorage pipe_k;
-    typename Pipeline::SharedStorage pipe_v;
-    alignas(8) uint64_t q_full[QStages];   // Q tile landed (TMA transaction barrier)
-    alignas(8) uint64_t q_empty[QStages];  // consumers finished reading Q (and tile_id) of the slot
-    alignas(8) uint64_t sched[QStages];    // tile_id of the slot published by the producer
-    int tile_id[QStages];                  // query tile of the slot, -1 = no more tiles
-  };
-};
-
-// Variant 7: FwdTraits whose KeptBlocks skips whole groups of 32 key blocks through a second
-// metadata level (group_meta_sm90). Derived type: the other kernels keep their symbols and SASS.
-template <class Base>
-struct FwdTraitsGroupScan : Base {
-  static constexpr bool kGroupScan = true;
-  // setmaxnreg split 56/224 instead of 40/232 (same pool: 56*128 + 224*256 = 168*384): the group
-  // walk keeps one more word of state and ptxas hoists the eight metadata row addresses of the
-  // block scan, which at 40 registers spilled 24 LDL/STL into the producer's per-block path
-  // (the block index and the phase bit reloaded from local memory before every K/V TMA and the
-  // bounds' bulk copies; variant 3's producer has none). The consumers top out at R212 (d128) /
-  // R185 (d64) / R221 (d256) under 224: no spills anywhere (NOTES_gscan.md, compile facts).
-  // kWideRegs (Bn > 128, or Bn > 64 at d = 256) keeps 24/240; the group-walk kernels compiled
-  // (d64 / d128 Bn = 128, d256 Bn = 64) are all narrow, i.e. 56/224.
-  // Three consumer warpgroups (variant 17, d = 64) keep variant 12's 32/160: at 56/152 the
-  // consumers spilled four registers around every key block's QK^T (session 7); the producer's
-  // spills at 32 sit off the critical path (it runs a stage ahead).
-  static constexpr int kRegProducer = Base::NWG == 3 ? 32 : (Base::kWideRegs ? 24 : 56);
-  static constexpr int kRegConsumer = Base::NWG == 3 ? 160 : (Base::kWideRegs ? 240 : 224);
-};
-
-// Variant 10 (11: over FwdTraitsGroupScan): the element mask of a partial key block is built by
-// the idle producer warps 1 and 2 ("mask builders") as bit words: word (q, c) holds bit k for query
-// row ms + 32 q + k of key column c (columns >= Sk: every row). The TMA warp posts each key block
-// it loads (block, partial flag, (b, hm), first query row) as a job in the stage's slot; the
-// builders read the bounds from global memory, write the words of partial blocks into the stage's
-// slot and arrive on bits_full (every block, so its phase follows the K pipeline's) and on the K
-// stage's empty barrier (so the TMA warp posts the stage's next job only after they are done with
-// this one, and they never lag more than one phase). A consumer thread then needs one LDS.64 per
-// column pair and a LOP3 + FSEL per element. Derived storage: the other kernels keep their layout.
-template <class Base>
-struct FwdTraitsMaskBits : Base {
-  static constexpr bool kMaskBits = true;
-  static constexpr int kBuilders = 64;  // threads 32..95 of the producer warpgroup
-  static_assert(Base::Bm % 32 == 0, "bit words cover 32 query rows");
-  using Words = uint32_t[Base::Stages][Base::Bm / 32][Base::Bn];
-  struct OwnWords : Base::SharedStorage {
-    alignas(16) Words bits;
-    alignas(16) int4 job[Base::Stages];  // {key block (-1: no more), partial, b * Hm + hm, ms}
-    alignas(8) uint64_t job_full[Base::Stages];   // job posted (TMA warp, 1 arrival)
-    alignas(8) uint64_t bits_full[Base::Stages];  // words of the job written (kBuilders arrivals)
-  };
-  // Where the words do not fit beside the rest (variant 18: d = 256, key blocks of 80) they take
-  // the place of the staged bounds, which a mask-bits kernel never loads (smem_bounds = 0):
-  // fwd_words_over_bounds() below.
-  struct WordsOverBounds : Base::SharedStorage {
-    alignas(16) int4 job[Base::Stages];
-    alignas(8) uint64_t job_full[Base::Stages];
-    alignas(8) uint64_t bits_full[Base::Stages];
-    static_assert(sizeof(Words) <= sizeof(Base::SharedStorage::bnd), "words fit over the bounds");
-  };
-  static constexpr bool kWordsOverBounds = sizeof(OwnWords) > 227 * 1024;
-  using SharedStorage = std::conditional_t<kWordsOverBounds, WordsOverBounds, OwnWords>;
-};
-
-// The bit words of stage s in the aliased layout (FwdTraitsMaskBits::WordsOverBounds). The other
-// kernels keep their `ss.bits[s]` text (and SASS): the two use sites branch on kWordsOverBounds.
-template <class T, class SS>
-__device__ __forceinline__ uint32_t (&fwd_words_over_bounds(SS& ss, int s))[T::Bm / 32][T::Bn] {
-  return (*reinterpret_cast<typename T::Words*>(&ss.bnd[0][0][0]))[s];
-}
-
-// Variant 14: FwdTraits whose persistent grid hands out *pairs* of query tiles of one head: in
-// each head the order is heaviest, lightest, second heaviest, second lightest, ... (for a causal
-// mask every pair holds the same number of key blocks), the two tiles of a pair run back to back
-// on one CTA, and the second walks its key blocks from the last down. Then at any moment every
-// CTA reads either key block t (first tiles) or key block C - t (second tiles, C = the pair's
-// length): the CTAs stay in step the way they do on the full mask, instead of sitting a query
-// tile's worth of keys (Bm x d x 4 bytes of K/V) apart, which under the plain heaviest-first order
-// spreads the K/V reads of the 132 CTAs over 132 x Bm x 4d bytes = 17 MB at d = 256
-// (benchmarks/NOTES_fwd_hd.md). Derived type: the other kernels keep their symbols and SASS.
-template <class Base>
-struct FwdTraitsPaired : Base {
-  static constexpr bool kPaired = true;
-  static_assert(!Base::kGroupScan, "paired tiles walk one level of metadata");
-};
-
-struct KArgs {
-  void* o;
-  float* lse;
-  const int32_t* bounds;
-  const int32_t* meta;
-  int B, Sq, Sk, N, K, Hm;
-  int nblk;
-  int heads_per_kv, heads_per_mask;
-  float scale_log2;
-  int* tile_counter;  // persistent grid: dynamic tile counter (zeroed by the launcher), else null
-  int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
-  int tile_overlap;   // 1 (variant 6): the next tile's block scan and first QK^T are issued while
-                      // the current tile's last PV GEMM runs (overlap kernels only)
-  int group_meta;     // kGroupScan kernels (variant 7): offset in int32 elements from the block
-                      // metadata of (b, hm) to its group metadata (int4 {LTSmax, LTEmin, UTSmax,
-                      // UTEmin} per group of 32 key blocks); 0 = no group level (every group scanned)
-};
-
-// 1-D bulk copy global -> shared completing on an mbarrier (bytes: multiple of 16, both 16B-aligned).
-__device__ __forceinline__ void bulk_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes,
-                                         uint64_t* mbar) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  const uint32_t m = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(d), "l"(gmem_src), "r"(bytes), "r"(m)
-      : "memory");
-}
-
-// Bits k in [0, 32) of query rows rb + k inside the cyclic interval of length len (< 2^31) that
-// starts at lo: (unsigned)(rb + k - lo) < len, the consumers' element test, exact for every int32
-// lo / rb (the interval may wrap through 2^32). d = rb - lo (mod 2^32): for d < len the rows from k = 0
-// on up to k < len - d; else the interval may start inside the word at k = lo - rb (mod 2^32).
-__device__ __forceinline__ uint32_t fwd_row_bits(int lo, uint32_t len, int rb) {
-  const uint32_t d = (uint32_t)rb - (uint32_t)lo;
-  const uint32_t w0 = min(d < len ? len - d : 0u, 32u);
-  // operands clamped here to [0, 32], where bmsk.clamp is bits [pos, min(pos + width, 32))
-  const uint32_t s = min(0u - d, 32u), w1 = min(len, 32u);
-  uint32_t a, b;
-  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(a) : "r"(0u), "r"(w0));
-  asm("bmsk.clamp.b32 %0, %1, %2;" : "=r"(b) : "r"(s), "r"(w1));
-  return a | b;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// One WGMMA batch: C (+)= A * B over the K mode; optionally wait for completion.
-template <bool kZeroInit, int kWait, bool kARegs, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_gemm(TiledMma& mma, TA const& tA, TB const& tB, TC& tC) {
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tA));
-  warpgroup_fence_operand(tC);
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int kb = 0; kb < size<2>(tA); ++kb) {
-    cute::gemm(mma, tA(_, _, kb), tB(_, _, kb), tC);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
-  warpgroup_fence_operand(tC);
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tA));
-}
-
-// Mask role, in every warp that needs it: walks the key blocks of one query tile that are not fully
-// masked, in order, with a partial/visible flag and a one-block lookahead (so the caller knows
-// which block is the last). 32 blocks are classified at a time, one per lane, from the block
-// metadata (SPEC section 3); skipped blocks cost one bit of a ballot. Every warp computes the same
-// sequence, so the producer and the consumers agree on it without sharing a list.
-//
-// kGroups (variant 7): the key blocks are also classified in groups of 32 (a group's metadata is
-// the min/max over its blocks', so a skipped group holds only skipped blocks), 32 groups per
-// ballot; the walk scans only the groups whose test does not skip them, and stops after the last
-// such group instead of scanning every group to nblk; the ballot of a chunk of groups and the
-// block scan of its first group are one step. The kept blocks and their order are the same, and
-// per query tile the walk takes at most as many dependent metadata steps as variant 3's, before
-// the first block, between blocks and after the last (benchmarks/gscan_walk.py --check).
-// goff (KArgs::group_meta, passed to every call rather than kept: one register less in the
-// producer) is the offset of the group metadata from mt; with goff == 0 every group counts as
-// possibly kept (variant 3's walk, step for step).
-template <bool kGroups>
-struct KeptGroups {};
-template <>
-struct KeptGroups<true> {
-  unsigned gmask;  // groups of the current chunk of 32 that may hold a kept block
-};
-
-// Row half i of a consumer thread's m64 x D accumulator fragment (element pairs e = 4 * kk + 2 * i at
-// columns 8 * kk + 2 * (lane % 4)), scaled and converted, stored as 16-byte chunks of 8 columns:
-// a 4 x 4 transpose of 4-byte words across the lane quad (two shuffle rounds) gives lane q chunk
-// 4 * blk + q of each group of four, so a warp store writes 8 rows x 64 contiguous bytes instead
-// of 8 rows x 16 bytes (half a sector) per 4-byte store (session 13; the backward pp kernel's dK /
-// dV go through smem instead: +7 % at 8K sliding_window). The forward's O and the d = 256
-// backward's dK / dV use it. All 32 lanes must call it (row == nullptr: a row past the end,
-// shuffle only).
-template <class Elem, int D, class Frag>
-__device__ __forceinline__ void store_row_chunks(Elem* row, Frag const& acc, int i, float scale,
-                                                 int lane) {
-  static_assert(sizeof(Elem) == 2 && D % 32 == 0, "groups of four 8-column chunks");
-  const int q = lane % 4;
-  CUTE_UNROLL
-  for (int blk = 0; blk < D / 32; ++blk) {
-    uint32_t v[4];  // v[j]: this lane's word of chunk 4 * blk + j
-    CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      cutlass::Array<Elem, 2> p;
-      p[0] = static_cast<Elem>(acc(4 * (4 * blk + j) + 2 * i) * scale);
-      p[1] = static_cast<Elem>(acc(4 * (4 * blk + j) + 2 * i + 1) * scale);
-      v[j] = reinterpret_cast<uint32_t const&>(p);
-    }
-    // after the xor-1 round lane q holds words (q & ~1, c), (q | 1, c), (q & ~1, c + 2),
-    // (q | 1, c + 2) with c = q & 1 ((lane, chunk)); after the xor-2 round words (0..3, q)
-    const bool odd = q & 1, high = q & 2;
-    uint32_t s0 = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 1);
-    uint32_t s1 = __shfl_xor_sync(0xffffffffu, odd ? v[2] : v[3], 1);
-    if (odd) { v[0] = s0; v[2] = s1; } else { v[1] = s0; v[3] = s1; }
-    s0 = __shfl_xor_sync(0xffffffffu, high ? v[0] : v[2], 2);
-    s1 = __shfl_xor_sync(0xffffffffu, high ? v[1] : v[3], 2);
-    if (high) { v[0] = s0; v[1] = s1; } else { v[2] = s0; v[3] = s1; }
-    if (row) *reinterpret_cast<uint4*>(row + 8 * (4 * blk + q)) = make_uint4(v[0], v[1], v[2], v[3]);
-  }
-}
-
-// kRev (variant 14): the walk can also run from the last key block down (rev, set per tile).
-template <bool kRev>
-struct KeptDir {};
-template <>
-struct KeptDir<true> {
-  bool rev;
-};
-
-template <int Bn, bool kGroups = false, bool kRev = false>
-struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
-  static_assert(!(kGroups && kRev), "the reversed walk has no group level");
-  const int32_t* mt;
-  int nblk, ms, me, Sk;
-  int base;
-  unsigned keep, part;
-  int nxt;
-  bool nxt_partial;
-
-  KeptBlocks() = default;
-  __device__ __forceinline__ KeptBlocks(const int32_t* mt_, int nblk_, int ms_, int me_, int Sk_, int lane_,
-                                        int goff_ = 0, bool rev_ = false)
-      : mt(mt_), nblk(nblk_), ms(ms_), me(me_), Sk(Sk_), base(0) {
-    (void)lane_;
-    (void)rev_;
-    if constexpr (kRev) {
-      this->rev = rev_;
-      if (rev_) base = ((nblk_ - 1) >> 5) << 5;  // the last chunk of 32 blocks first
-      scan();
-    } else if constexpr (kGroups) {
-      base = -32;  // before chunk 0: advance() starts with the group ballot of chunk 0
-      keep = 0u;
-      part = 0u;
-      this->gmask = 0u;
-    } else {
-      scan();
-    }
-    advance(goff_);
-  }
-  // kGroups: with `group` the step also classifies the groups base / 32 .. base / 32 + 31, one per
-  // lane (a group's metadata is int4 {LTSmax, LTEmin, UTSmax, UTEmin} at mt + goff; goff == 0:
-  // every group that exists counts), and leaves the candidate groups after the first in gmask.
-  // The block scan of the first group (base) runs in the same step: its loads are issued with the
-  // group loads, so a tile whose walk starts in that group pays one round trip, as in variant 3,
-  // not two (ballot, then scan). A group that the group test skips holds only skipped blocks
-  // (its max / min bound every block's), so scanning it anyway keeps nothing; no mask needed, and
-  // the kept blocks are exactly variant 3's. One ballot site for every kind of step: with two,
-  // ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the main
-  // loop's GEMM descriptors moved through vector registers).
-  __device__ __forceinline__ void scan(bool group = false, int goff = 0) {
-    // the lane id is read here, not kept in a member: a member was one more live register across
-    // the consumer's tile loop and ptxas spilled it (variant 6 build)
-    unsigned lane;
-    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
-    const int n = base + (int)lane;
-    bool k = false, p = false;
-    if constexpr (kGroups) {
-      bool kg = false;
-      if (group) {
-        const int g = (base >> 5) + (int)lane;
-        if (32 * g < nblk) {
-          kg = true;
-          if (goff != 0) {
-            const int4 x = __ldg(reinterpret_cast<const int4*>(mt + goff) + g);
-            kg = !((ms >= x.x && me <= x.y) || (ms >= x.z && me <= x.w));
-          }
-        }
-      }
-      if (n < nblk) {
-        const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
-        const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
-        const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
-        const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
-        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-        p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
-        k = !skip;
-      }
-      keep = __ballot_sync(0xffffffffu, k);
-      part = __ballot_sync(0xffffffffu, p);
-      const unsigned gb = __ballot_sync(0xffffffffu, kg);
-      if (group) this->gmask = gb & ~1u;  // bit 0 = the group just scanned
-    } else {
-      (void)group;
-      (void)goff;
-      if (n < nblk) {
-        const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
-        const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
-        const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
-        const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
-        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-        p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
-        k = !skip;
-      }
-      keep = __ballot_sync(0xffffffffu, k);
-      part = __ballot_sync(0xffffffffu, p);
-    }
-  }
-  __device__ __forceinline__ void advance(int goff) {
-    if constexpr (kGroups) {
-      // One flat loop, one ballot site (see scan). gmask holds the not yet visited candidate
-      // groups of the chunk of `base`.
-      while (keep == 0u) {
-        bool group = false;
-        if (this->gmask != 0u) {  // the next candidate group of this chunk: scan its blocks
-          const int bit = __ffs(this->gmask) - 1;
-          this->gmask &= this->gmask - 1u;
-          base = 32 * (((base >> 10) << 5) + bit);
-        } else {  // chunk done (or none yet, base = -32): the group ballot of the next chunk,
-                  // with the block scan of its first group
-          const int c = ((base >> 10) + 1) << 5;  // its first group
-          if (32 * c >= nblk) {
-            nxt = -1;
-            return;
-          }
-          base = 32 * c;
-          group = true;
-        }
-        scan(group, goff);
-      }
-    } else if constexpr (kRev) {
-      // one loop and one scan site for both directions (see scan)
-      (void)goff;
-      const int step = this->rev ? -32 : 32;
-      while (keep == 0u) {
-        base += step;
-        if (base < 0 || base >= nblk) {
-          nxt = -1;
-          return;
-        }
-        scan();
-      }
-      const int bit = this->rev ? 31 - __clz(keep) : __ffs(keep) - 1;
-      keep &= ~(1u << bit);
-      nxt = base + bit;
-      nxt_partial = (part >> bit) & 1u;
-      return;
-    } else {
-      (void)goff;
-      while (keep == 0u) {
-        base += 32;
-        if (base >= nblk) {
-          nxt = -1;
-          return;
-        }
-        scan();
-      }
-    }
-    const int bit = __ffs(keep) - 1;
-    keep &= keep - 1u;
-    nxt = base + bit;
-    nxt_partial = (part >> bit) & 1u;
-  }
-  __device__ __forceinline__ bool has_next() const { return nxt >= 0; }
-  __device__ __forceinline__ int next(bool& partial, int goff = 0) {
-    const int n = nxt;
-    partial = nxt_partial;
-    advance(goff);
-    return n;
-  }
-};
-
-// kMaskBits, TMA warp, stage wr acquired (K's empty barrier waited: the builders arrived on it
-// after bits_full): wait for the completed bits_full phase of the stage's previous job, which the
-// consumers waited for only if that block was partial. Every phase then has a waiter before the
-// builders arrive on the next one (compute-sanitizer synccheck reports an arrival on an mbarrier
-// whose previous phase nobody waited for as "Missing wait"). Already complete: one try_wait. The
-// producer state's phase is the previous phase's parity (round 0: the phase before init, done).
-template <class Storage, class State>
-__device__ __forceinline__ void bits_full_drain(Storage& ss, State const& wr) {
-  cutlass::arch::ClusterBarrier::wait(&ss.bits_full[wr.index()], wr.phase());
-}
 
 template <class T, class TmaQ, class TmaK, class TmaV>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -499,12 +46,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int NB = a.N * a.B;
   const int total_tiles = mblk * NB;
   // Tile t -> (m_blk, h, b): (batch, head)-major so that the ~132 tiles in flight at any time
-  // share one head's K/V in L2 (a head-fastest order thrashed L2: -25 % on full 32K, run 2);
+  // share one head's K/V in L2 (a head-fastest order thrashes L2);
   // inside a head the last query tile comes first (heaviest first for bottom-right causal masks).
   auto decode = [&](int t, int& m_blk, int& h, int& b) {
     const int hb = t / mblk;
     if constexpr (T::kPaired) {
-      // variant 14: inside a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ...
+      // paired tiles: inside a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ...
       const int j = t - hb * mblk;
       m_blk = (j & 1) ? (j >> 1) : mblk - 1 - (j >> 1);
     } else {
@@ -513,7 +60,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     h = hb % a.N;
     b = hb / a.N;
   };
-  // variant 14: the second tile of each pair (odd t) walks its key blocks from the last down
+  // paired tiles: the second tile of each pair (odd t) walks its key blocks from the last down
   auto reversed = [&](int t) { return T::kPaired && (t & 1) != 0; };
 
   typename Pipeline::Params pp;
@@ -563,7 +110,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      // variant 14: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
+      // paired tiles: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
       int t = T::kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
       for (int it = 0;; ++it) {
         const int slot = it % QS;
@@ -720,7 +267,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t mbit0 = 1u << (16 * ((warp % 4) & 1) + lane / 4);
 
     cutlass::PipelineState<T::Stages> rd;
-    // Tile-boundary overlap (variant 6, overlap kernels only): at the end of tile `it` the consumer
+    // Tile-boundary overlap (KArgs::tile_overlap; off in every shipped launch): at the end of tile `it` the consumer
     // reads tile it+1's id, scans its key blocks and issues its first QK^T GEMM (into tSrS) before
     // waiting for tile it's last PV GEMM, then waits for both and runs tile it's epilogue. State
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
@@ -757,8 +304,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
       // Element mask of a partial tile (only partial tiles pay for it): four bounds per column,
       // from the smem copy of the K stage when the producer staged them (kSmem), else from global
-      // memory. Branch-free per element (run 6: the short-circuit form compiled to a BSSY/BSYNC
-      // pair and two branches per element). Out-of-range columns get the interval [0, 2^31).
+      // memory. Branch-free per element (the short-circuit form compiles to a BSSY/BSYNC pair and
+      // two branches per element). Out-of-range columns get the interval [0, 2^31).
       auto apply_mask = [&](auto kSmem, int n, int stage) {
         const int32_t* sb = &ss.bnd[stage][0][0];
         CUTE_UNROLL
@@ -812,8 +359,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // warp grows past it by more than kRescaleLog2 (log2 units of the scaled score) or had no
       // visible score yet; otherwise P = 2^(s*sl2 - m_i*sl2) <= 2^kRescaleLog2 and O / l keep
       // their scale, which the epilogue's O / l and lse = m + ln l take as they are, and the block
-      // skips O's rescale (128 FMUL per thread at d = 256: +4-7 % at 8K, session 14; at d = 64 /
-      // 128 it gained nothing at 32K and lost up to 8 % on 8K short walks, so they rescale always).
+      // skips O's rescale (128 FMUL per thread at d = 256; at d = 64 / 128 the test costs more than
+      // it saves, so they rescale always: docs/decisions.md#fwd-d256-full).
       constexpr bool kLazyRescale = D >= 256;
       constexpr float kRescaleLog2 = 8.f;
       // the exp of row i against the max m_i (resc: first moved to x) and l_i's update; selects,
@@ -971,7 +518,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
         constexpr bool kPingPong = NWG == 2;
-        // NWG = 3 (variant 12): the same idea as a round robin. Warpgroup w issues its GEMMs after
+        // NWG = 3: the same idea as a round robin. Warpgroup w issues its GEMMs after
         // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
         // the tensor pipe takes warpgroup 0, 1, 2, 0, ... and each softmax runs under the two other
         // warpgroups' GEMMs. Every barrier has one syncing and one arriving warpgroup (256 threads);
@@ -1042,7 +589,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         pipe_v.consumer_wait(rd);
         // last PV GEMM of the tile: waited for (and its V stage released) below, after the tile
-        // boundary work of variant 6
+        // boundary work of the overlap
         wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
       }
       // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
@@ -1080,7 +627,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             pend = true;
             // One wait for this tile's last PV GEMM and the next tile's first QK^T. (wait<1> here,
             // i.e. the epilogue under the QK^T, made ptxas serialize every wgmma of the kernel:
-            // C7515, accumulator registers defined inside a wgmma pipeline stage; see NOTES.)
+            // C7515, accumulator registers defined inside a wgmma pipeline stage.)
             warpgroup_wait<0>();
           } else {
             warpgroup_wait<0>();
@@ -1121,15 +668,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #endif
 }
 
-// GroupScan: variant 7's kernel (FwdTraitsGroupScan; fwd_dispatch.cu passes p.variant = 7, which
-// launches like 3: persistent grid, bounds staged in smem). MaskBits: variant 10's (11's with
-// GroupScan) kernel, FwdTraitsMaskBits (persistent grid; no bounds staged: the mask builders read
-// them from global memory, any Sk).
-// Paired: variant 14's kernel (FwdTraitsPaired; launched like 3 with pairs of tiles per claim).
+// Host launcher of one forward configuration (instantiations/fwd_*.cu): block metadata (and, with
+// GroupScan, the group metadata), TMA descriptors, then the kernel on the persistent grid.
+// GroupScan: FwdTraitsGroupScan (two-level key-block walk). MaskBits: FwdTraitsMaskBits (no
+// bounds staged: the mask builders read them from global memory, any Sk). Paired:
+// FwdTraitsPaired (two tiles per claim). Otherwise the partial blocks' bounds are staged in smem
+// where Sk % 4 == 0.
 template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits,
           bool Paired>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
-  static_assert(!(Paired && (GroupScan || MaskBits)), "paired tiles: variant 3's walk and mask only");
+  static_assert(!(Paired && (GroupScan || MaskBits)), "paired tiles: the plain walk and mask only");
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
   using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>,
                                 std::conditional_t<Paired, FwdTraitsPaired<Base>, Base>>;
@@ -1143,17 +691,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   }
   const size_t smem = sizeof(typename T::SharedStorage);
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
-  // Variants (see fwd_dispatch.cu): persistent grid with a dynamic tile counter (3, 5) or one CTA
-  // per tile (2, 4); bounds of partial blocks staged in smem by the producer (3, 4) or read from
-  // global memory by the consumers (2, 5).
-  // Variant 6 = variant 3 + overlap at tile boundaries (KArgs::tile_overlap).
-  // Variant 7 = variant 3 with the two-level block walk (GroupScan).
-  // Variant 10 = variant 3 with the bit-word mask (MaskBits); 11 = variant 7 with it.
-  // Variants 12 (d = 64, three consumer warpgroups) and 13 (d = 256, Bn = 80) launch like 3;
-  // 14 and 15 (Paired) too, with two tiles per claim; 17 and 18 (12 / 13 + GroupScan + MaskBits) too.
-  const bool persistent = Paired || p.variant == 3 || p.variant == 5 || p.variant == 6 ||
-                          p.variant == 7 || p.variant == 10 || p.variant == 11 || p.variant == 12 ||
-                          p.variant == 13 || p.variant == 17 || p.variant == 18;
+  // Every shipped configuration runs on the persistent grid (so sm_margin is always honoured);
+  // the kernel also supports one CTA per tile (tile_counter = null).
+  constexpr bool persistent = true;
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
   if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
@@ -1162,7 +702,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   }
   cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
   if (e != cudaSuccess) return e;
-  // Variant 7: group metadata (32 key blocks per group) at meta + group_meta: for (b, hm) at the
+  // Group metadata (32 key blocks per group) at meta + group_meta: for (b, hm) at the
   // offset of its block metadata, int4 {LTSmax, LTEmin, UTSmax, UTEmin} per group (group_meta_sm90).
   // Only with at least 3 groups: with 1 or 2 the group ballot costs one more metadata round trip
   // per tile than it can save (S <= 8K at Bn = 128). Needs a 16-byte aligned workspace.
@@ -1172,7 +712,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     const int64_t goff = meta_elems + 32;  // after the tile counter; a multiple of 8
     if (ngrp >= 3 && reinterpret_cast<uintptr_t>(p.meta) % 16 == 0) {
       if (p.meta_capacity < goff + meta_elems || goff > INT32_MAX) {
-        if (err) *err = "flashmask sm90 forward: metadata workspace too small for variant 7";
+        if (err) *err = "flashmask sm90 forward: metadata workspace too small for the group walk";
         return cudaErrorInvalidValue;
       }
       e = group_meta_sm90(p.meta, p.meta + goff, p.B, p.Hm, nblk, stream);
@@ -1208,13 +748,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.heads_per_mask = p.N / p.Hm;
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
-  a.smem_bounds = !MaskBits &&
-                  (p.variant == 3 || p.variant == 4 || p.variant == 6 || p.variant == 7 ||
-                   p.variant == 12 || p.variant == 13 || p.variant == 14 || p.variant == 15) &&
-                  p.Sk % 4 == 0 &&
+  // Mask-bits kernels never stage bounds (their mask builders read global memory).
+  a.smem_bounds = !MaskBits && p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
   a.tile_counter = nullptr;
-  a.tile_overlap = Overlap && p.variant == 6;
+  a.tile_overlap = 0;  // the kernel's tile-boundary overlap stays off in every configuration
   a.group_meta = group_meta;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
@@ -1232,7 +770,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     if (sms <= 0) sms = 132;
     // sm_margin: leave SMs free for concurrent kernels (NCCL under context parallelism)
     const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
-    // variant 14: one claim = two tiles
+    // paired tiles: one claim = two tiles
     grid = (int)std::min<int64_t>(Paired ? (total_tiles + 1) / 2 : total_tiles, ctas);
     a.tile_counter = p.meta + meta_elems;
     e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync

@@ -1,6 +1,7 @@
-// Plain parameter block shared by the XLA FFI handler (host C++) and the sm_90a kernels.
-// Knows nothing about XLA and nothing about CuTe.
+// Plain parameter blocks shared by the XLA FFI handlers (host C++) and the sm_90a kernels' host
+// launchers. Knows nothing about XLA and nothing about CuTe.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -20,9 +21,11 @@ struct FwdParams {
   int B, Sq, Sk, N, K, Hm, d;
   float scale;          // softmax scale applied to q.k
   DType dtype;
-  int variant;          // kernel variant: 2 to 7, 10, 11, 12 (d = 64), 13-15 (d = 256), 17 (d = 64), 18 (d = 256) (fwd_dispatch.cu, _cuda.py)
-  // Persistent variants (3, 5, 6, 7, 10-15): SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g.
-  // for NCCL's kernels under context parallelism. Ignored by the one-CTA-per-tile variants.
+  // Name of the kernel configuration (instantiations/kernel_table.inc), not NUL-terminated.
+  const char* config;
+  size_t config_len;
+  // SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's kernels under
+  // context parallelism.
   int sm_margin;
 };
 
@@ -30,23 +33,20 @@ struct FwdParams {
 // for argument errors (then cudaErrorInvalidValue is returned).
 cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const char** err);
 
-// Key block size the forward kernel uses for head dim d (the metadata granularity).
-int fwd_block_n(int d);
-
 // Block metadata: for each (b, hm, key block of size bn): min/max of LTS, LTE, UTS, UTE.
 // meta layout [B, Hm, 8, nblk]: LTSmin, LTSmax, LTEmin, LTEmax, UTSmin, UTSmax, UTEmin, UTEmax.
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
                             cudaStream_t stream);
-// Group metadata (forward variant 7): per group g of 32 key blocks, int4 {LTSmax, LTEmin, UTSmax,
-// UTEmin} over the group's blocks of `meta`, at gmeta + (b * Hm + hm) * 8 * nblk + 4 * g (gmeta
-// 16-byte aligned; the (b, hm) offsets are those of meta's [B, Hm, 8, nblk] layout).
+// Group metadata (the forward's group walk): per group g of 32 key blocks, int4 {LTSmax, LTEmin,
+// UTSmax, UTEmin} over the group's blocks of `meta`, at gmeta + (b * Hm + hm) * 8 * nblk + 4 * g
+// (gmeta 16-byte aligned; the (b, hm) offsets are those of meta's [B, Hm, 8, nblk] layout).
 cudaError_t group_meta_sm90(const int32_t* meta, int32_t* gmeta, int B, int Hm, int nblk,
                             cudaStream_t stream);
 
 
 // ---------------------------------------------------------------------------------------------
-// Backward (bwd_*.cu). Column-parallel: one CTA per (key block of 128, kv head, batch); it walks
-// the query heads of its GQA group and their non-skipped 64-row query tiles.
+// Backward. Column-parallel: one CTA per (key block, kv head, batch) or a persistent grid over
+// those items; each walks the query heads of its GQA group and their non-skipped query tiles.
 struct BwdParams {
   const void* q;        // [B, Sq, N, d]
   const void* k;        // [B, Sk, K, d]
@@ -63,47 +63,31 @@ struct BwdParams {
   int64_t dq_accum_capacity;
   float* rowstats;      // workspace [2, B, N, Sq_pad]: lse*log2(e) (+inf for empty rows), D
   int64_t rowstats_capacity;
-  int32_t* meta;        // workspace [B, Hm, 8, ceil(Sk / 128)]
+  int32_t* meta;        // workspace: block metadata, scheduler area, orders (bwd_meta_layout)
   int64_t meta_capacity;
   int B, Sq, Sk, N, K, Hm, d;
   float scale;
   DType dtype;
-  int dq_mode;          // 1: dQ tiles reduced by cp.reduce.async.bulk (default); 0: float2 atomics
+  int dq_mode;          // 1: dQ tiles reduced by cp.reduce.async.bulk; 0: float2 atomics
   // Deterministic mode (bitwise-reproducible dQ): the key-block CTAs of one query tile add their
-  // dQ in descending key-block order, ordered through one bit per (query tile, key block) in
-  // dq_sem [B, N, Sq_pad / 64, ceil(nblk / 32)] uint32 (zeroed by the launcher). Needs dq_mode 1.
+  // dQ in a fixed key-block order, ordered through one bit per (query tile, key block) in
+  // dq_sem [B, N, Sq_pad / block_m, ceil(nblk / 32)] uint32 (zeroed by the launcher). Needs
+  // dq_mode 1.
   int deterministic;
   uint32_t* dq_sem;
   int64_t dq_sem_capacity;  // number of uint32 available in dq_sem
-  int variant;          // 5: warp specialized, ping-pong consumer warpgroups; 6: variant 5 on a
-                        // persistent grid; 7: variant 5 with 128-row query tiles (d = 64 only:
-                        // Sq_pad, dq_sem and the tile count at 128 rows); 10 / 11: variant 5 / 7
-                        // with the element mask from registers (bwd_kernel.cuh BwdMaskRegs);
-                        // 12 / 13: variant 5 / 10 with lock-step consumer warpgroups (d = 128
-                        // only; bwd_kernel.cuh BwdLockstep); 14: variant 5 with interleaved
-                        // launch groups in deterministic mode (bwd_kernel.cuh BwdDetGroups);
-                        // 15: 14 with a pipelined deterministic dQ writer (BwdDetPipe);
-                        // 16: 13 with 80-row query tiles and dQ^T = K^T dS^T (d = 128 only:
-                        // Sq_pad, dq_sem and the tile count at 80 rows; bwd_kernel.cuh BwdRows80)
-                        // 17: 13 with 15's writer and 14's launch groups, G chosen per launch
-                        // on the device (d = 128 only; BwdDetAuto, bwd_det_group_sm90)
-                        // 19: 16 with 14's launch groups in deterministic mode, G chosen per
-                        // launch on the device (d = 128 only; BwdDetAuto80, bwd_det_group80_sm90)
-                        // 21: 19 with the pre-pass's key-block order (launch and dQ summation)
-                        // for inverted tails (d = 128 only; BwdArgs::det_perm)
-  // Variant 6 only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's
-  // kernels under context parallelism. Variants 1-5 (one CTA per work item) ignore it. Variant 6
-  // also needs meta_capacity >= B*Hm*8*ceil(Sk/128) + 4 + ceil(Sk/128) (scheduler area).
+  // Name of the kernel configuration (instantiations/kernel_table.inc), not NUL-terminated.
+  const char* config;
+  size_t config_len;
+  // Persistent configurations only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1).
   int sm_margin;
 };
 
-constexpr int kBwdBlockM = 64;   // query rows per tile (Sq_pad = multiple of this); variant 7
-                                 // (d = 64): 128, variant 16 (d = 128): 80 (BwdTraits Bm_,
-                                 // _cuda._bwd_block_m)
-constexpr int kBwdBlockN = 128;  // keys per CTA (metadata granularity of the backward)
+constexpr int kBwdBlockM = 64;   // query rows per tile unless a configuration says otherwise
+constexpr int kBwdBlockN = 128;  // keys per CTA at d = 64 / 128 (metadata granularity)
 
 cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err);
-// Comma-separated list of the compiled backward configurations, e.g. "bf16_d128,fp16_d128".
-const char* bwd_compiled_configs();
+// Comma-separated names of the compiled kernel configurations (forward and backward).
+const char* compiled_configs();
 
 }  // namespace jfm

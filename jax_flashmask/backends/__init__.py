@@ -20,10 +20,7 @@ import jax
 
 from . import portable, reference
 
-try:  # the Hopper path imports without the compiled extension; only a broken install lacks it
-    from .. import _cuda as cuda
-except ImportError:  # pragma: no cover
-    cuda = None
+from . import cuda  # imports without the compiled extension: cuda.is_available() says why not
 
 IMPLEMENTATIONS = (None, "cuda", "xla", "reference")
 
@@ -32,8 +29,6 @@ __all__ = ["IMPLEMENTATIONS", "choose", "kernels", "cuda_unavailable_reason"]
 
 def cuda_unavailable_reason() -> str | None:
     """Why the Hopper kernels cannot run in this process (None when they can)."""
-    if cuda is None:
-        return "the CUDA module is not part of this build"
     if not cuda.is_available():
         return cuda.unavailable_reason()
     return None

@@ -1,0 +1,134 @@
+// Host side shared by the backward launchers (launch_bwd_impl, launch_bwd_d256_impl): workspace
+// preparation (block metadata, row statistics, zeroed dQ accumulator, ordering bits), TMA
+// descriptors, the common kernel arguments, the metadata workspace layout and the deterministic
+// order's pre-pass.
+// Contract: everything on the caller's stream, no host synchronization; capacity checks return
+//   cudaErrorInvalidValue with a message.
+// Synchronization: stream order only. Knobs: none.
+#pragma once
+
+#include "bwd_launch.cuh"
+#include "kernel_args.h"
+#include "traits.h"
+
+namespace jfm::sm90 {
+
+using namespace cute;
+
+// Host side shared by the backward launchers (launch_bwd_impl here, launch_bwd_d256_impl in
+// bwd_d256_kernel.cuh). The workspaces the main kernel reads, in stream order: block metadata
+// (at T::Bn keys), row statistics, the zeroed fp32 dQ accumulator (its first dq_zero_floats; all
+// of it unless the main kernel zeroes ahead) and (deterministic) ordering bits.
+template <class T>
+cudaError_t bwd_prepare_workspaces(const BwdParams& p, int mblk, int sq_pad, int sem_words,
+                                   size_t dq_zero_floats, cudaStream_t stream) {
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, T::Bn, stream);
+  if (e != cudaSuccess) return e;
+  // row statistics and the zeros of the fp32 dQ accumulator [B, N, sq_pad, T::D] in one kernel
+  e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, stream);
+  if (e != cudaSuccess) return e;
+  if (p.deterministic)
+    e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
+  return e;
+}
+
+// TMA descriptors of Q, dO ([Bm, D] boxes of T::SmemLayoutQ) and K, V ([Bn, D] boxes of
+// T::SmemLayoutK), as a tuple (q, do, k, v).
+template <class T>
+auto bwd_tma_copies(const BwdParams& p) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, Bm = T::Bm, Bn = T::Bn;
+  auto qstride = make_stride((int64_t)p.N * D, _1{}, (int64_t)D, (int64_t)p.Sq * p.N * D);
+  auto kstride = make_stride((int64_t)p.K * D, _1{}, (int64_t)D, (int64_t)p.Sk * p.K * D);
+  Tensor mQ = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.q)),
+                          make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mdO = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.dout)),
+                           make_shape(p.Sq, D, p.N, p.B), qstride);
+  Tensor mK = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.k)),
+                          make_shape(p.Sk, D, p.K, p.B), kstride);
+  Tensor mV = make_tensor(make_gmem_ptr(reinterpret_cast<const Elem*>(p.v)),
+                          make_shape(p.Sk, D, p.K, p.B), kstride);
+  return std::make_tuple(
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}),
+                    Shape<Int<Bm>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}),
+                    Shape<Int<Bm>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, Shape<Int<Bn>, Int<D>>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, Shape<Int<Bn>, Int<D>>{}, _1{}));
+}
+
+// Kernel arguments common to every backward kernel (the persistent scheduler fields cleared).
+inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int sem_words) {
+  BwdArgs a;
+  a.bounds = p.bounds;
+  a.meta = p.meta;
+  a.lse2 = p.rowstats;
+  a.delta = p.rowstats + (int64_t)p.B * p.N * sq_pad;
+  a.dq_accum = p.dq_accum;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.B = p.B; a.Sq = p.Sq; a.Sk = p.Sk; a.N = p.N; a.K = p.K; a.Hm = p.Hm;
+  a.nblk = nblk; a.mblk = mblk; a.sq_pad = sq_pad;
+  a.heads_per_kv = p.N / p.K;
+  a.heads_per_mask = p.N / p.Hm;
+  a.scale = p.scale;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
+  a.deterministic = p.deterministic ? 1 : 0;
+  a.dq_sem = p.dq_sem;
+  a.sem_words = sem_words;
+  a.sched = nullptr;
+  a.items_total = 0;
+  a.sec_heads = 1;
+  a.det_group = 1;
+  a.det_perm = 0;
+  a.zero_count = nullptr;
+  a.walk_clocked = 0;
+  a.walk_clock = nullptr;
+  a.walk_sms = 1;
+  return a;
+}
+
+// The metadata workspace (int32) in order, as BackwardConfig.meta_words sizes it: the block
+// metadata [B, Hm, 8, nblk]; the scheduler area `sched` (4 words: the persistent grid's item
+// counter, the launch group size G, the deterministic order flag, spare; then the persistent
+// grid's key-block order [nblk]); the deterministic key-block orders [B, Hm, nblk]; the
+// look-ahead zeroing's counters [K * B]. Each start is also the end a kernel needs when it uses
+// nothing after it (the capacity checks).
+struct BwdMetaLayout {
+  int64_t sched, orders, zero_count, end;
+};
+inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
+  BwdMetaLayout l;
+  l.sched = (int64_t)p.B * p.Hm * 8 * nblk;
+  l.orders = l.sched + 4 + nblk;
+  l.zero_count = l.orders + (int64_t)p.B * p.Hm * nblk;
+  l.end = l.zero_count + (int64_t)p.K * p.B;
+  return l;
+}
+
+// Deterministic mode of the kernels launched (nblk, K, B) at `rows`-row tiles (d = 64 with
+// 128-row tiles, d = 256): the launch groups' key-block order where the tails are inverted
+// (bwd_det_order_sm90; docs/decisions.md#bwd-d128-det). Sets a.det_perm and a.sched (the scheduler area and the orders after the block
+// metadata) and runs the pre-pass on `stream`.
+inline cudaError_t bwd_launch_det_order(const BwdParams& p, BwdArgs& a, int nblk, int mblk, int rows,
+                                        cudaStream_t stream, const char** err) {
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
+  if (p.meta_capacity < ml.zero_count) {
+    if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
+    return cudaErrorInvalidValue;
+  }
+  a.det_perm = 1;
+  a.sched = p.meta + ml.sched;
+  return bwd_det_order_sm90(p.meta, a.sched, p.B, p.Hm, nblk, mblk, p.Sq, rows, stream);
+}
+
+// Attribute `attr` of the current device; `fallback` when the query fails or gives no positive value.
+inline int bwd_device_attr(cudaDeviceAttr attr, int fallback) {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess || v <= 0)
+    return fallback;
+  return v;
+}
+
+}  // namespace jfm::sm90

@@ -1,0 +1,110 @@
+// Entry points of the kernels (params.h): check the problem, find the named configuration in the
+// generated table (kernel_table.h) and call its launcher for the dtype. Host code only.
+#include <cstring>
+#include <string>
+
+#include "kernel_table.h"
+#include "params.h"
+
+namespace jfm {
+namespace sm90 {
+namespace {
+
+#define JFM_FWD_CONFIG(name, d, bn, bm) {#name, d, bn, bm, &run_##name##_bf16, &run_##name##_fp16},
+#define JFM_BWD_CONFIG(name, d, bn, bm, persistent)
+constexpr FwdConfigEntry kFwdConfigs[] = {
+#include "instantiations/kernel_table.inc"
+    {nullptr, 0, 0, 0, nullptr, nullptr}};
+#undef JFM_FWD_CONFIG
+#undef JFM_BWD_CONFIG
+
+#define JFM_FWD_CONFIG(name, d, bn, bm)
+#define JFM_BWD_CONFIG(name, d, bn, bm, persistent) \
+  {#name, d, bn, bm, persistent != 0, &run_##name##_bf16, &run_##name##_fp16},
+constexpr BwdConfigEntry kBwdConfigs[] = {
+#include "instantiations/kernel_table.inc"
+    {nullptr, 0, 0, 0, false, nullptr, nullptr}};
+#undef JFM_FWD_CONFIG
+#undef JFM_BWD_CONFIG
+
+template <class Entry, size_t N>
+const Entry* find(const Entry (&table)[N], const char* name, size_t len) {
+  for (const Entry& e : table)
+    if (e.name && std::strlen(e.name) == len && std::strncmp(e.name, name, len) == 0) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+const FwdConfigEntry* find_fwd_config(const char* name, size_t len) { return find(kFwdConfigs, name, len); }
+const BwdConfigEntry* find_bwd_config(const char* name, size_t len) { return find(kBwdConfigs, name, len); }
+
+const char* compiled_configs() {
+  static const std::string names = [] {
+    std::string s;
+    for (const auto& e : kFwdConfigs)
+      if (e.name) s += (s.empty() ? "" : ",") + std::string(e.name);
+    for (const auto& e : kBwdConfigs)
+      if (e.name) s += (s.empty() ? "" : ",") + std::string(e.name);
+    return s;
+  }();
+  return names.c_str();
+}
+
+}  // namespace sm90
+
+const char* compiled_configs() { return sm90::compiled_configs(); }
+
+cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const char** err) {
+  if (p.B == 0 || p.Sq == 0 || p.N == 0) return cudaSuccess;
+  if (p.Sk <= 0) {
+    if (err) *err = "flashmask sm90 forward: Sk must be >= 1";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
+    if (err) *err = "flashmask sm90 forward: N must be a multiple of K and of Hm";
+    return cudaErrorInvalidValue;
+  }
+  const sm90::FwdConfigEntry* c = sm90::find_fwd_config(p.config, p.config_len);
+  if (c == nullptr) {
+    if (err) *err = "flashmask sm90 forward: kernel config not compiled into this build "
+                    "(see compiled_configs(); CMake option JAX_FLASHMASK_HEAD_DIMS)";
+    return cudaErrorInvalidValue;
+  }
+  if (c->head_dim != p.d) {
+    if (err) *err = "flashmask sm90 forward: the kernel config's head dim differs from q's";
+    return cudaErrorInvalidValue;
+  }
+  return (p.dtype == DType::kBF16 ? c->bf16 : c->fp16)(p, stream, err);
+}
+
+cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err) {
+  if (p.B == 0 || p.N == 0 || p.Sk == 0) return cudaSuccess;
+  if (p.Sq == 0) {  // no queries: dK = dV = 0 (dQ is empty)
+    const size_t bytes = (size_t)p.B * p.Sk * p.K * p.d * 2;
+    cudaError_t e = cudaMemsetAsync(p.dk, 0, bytes, stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p.dv, 0, bytes, stream);
+    return e;
+  }
+  if (p.Sk < 0 || p.Sq < 0) {
+    if (err) *err = "flashmask sm90 backward: negative sequence length";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
+    if (err) *err = "flashmask sm90 backward: N must be a multiple of K and of Hm";
+    return cudaErrorInvalidValue;
+  }
+  const sm90::BwdConfigEntry* c = sm90::find_bwd_config(p.config, p.config_len);
+  if (c == nullptr) {
+    if (err) *err = "flashmask sm90 backward: kernel config not compiled into this build "
+                    "(see compiled_configs(); CMake option JAX_FLASHMASK_HEAD_DIMS)";
+    return cudaErrorInvalidValue;
+  }
+  if (c->head_dim != p.d) {
+    if (err) *err = "flashmask sm90 backward: the kernel config's head dim differs from q's";
+    return cudaErrorInvalidValue;
+  }
+  return (p.dtype == DType::kBF16 ? c->bf16 : c->fp16)(p, stream, err);
+}
+
+}  // namespace jfm

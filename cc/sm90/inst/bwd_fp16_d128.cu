@@ -1,4 +1,0 @@
-#include "../bwd_kernel.cuh"
-namespace jfm::sm90 {
-template cudaError_t launch_bwd<cutlass::half_t, 128>(const BwdParams&, cudaStream_t, const char**);
-}

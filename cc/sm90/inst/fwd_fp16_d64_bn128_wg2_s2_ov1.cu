@@ -1,5 +1,0 @@
-#include "../fwd_kernel.cuh"
-#include "../fwd_launch.h"
-namespace jfm::sm90 {
-template cudaError_t launch_fwd<cutlass::half_t, 64, 128, 2, 2, true>(const FwdParams&, cudaStream_t, const char**);
-}

@@ -1,0 +1,77 @@
+// Run-time kernel arguments (passed as __grid_constant__): KArgs (forward), BwdArgs (backward).
+// Contract: filled by the host launchers (fwd_kernel.cuh launch_fwd, bwd_host.cuh bwd_args);
+//   pointers to workspaces the launchers sized and zeroed on the same stream.
+// Synchronization: none (read-only in the kernels).
+// Knobs: none; every field is a fact of the call (sizes, pointers, mode flags).
+#pragma once
+
+#include "traits.h"
+
+namespace jfm::sm90 {
+
+using namespace cute;
+
+struct KArgs {
+  void* o;
+  float* lse;
+  const int32_t* bounds;
+  const int32_t* meta;
+  int B, Sq, Sk, N, K, Hm;
+  int nblk;
+  int heads_per_kv, heads_per_mask;
+  float scale_log2;
+  int* tile_counter;  // persistent grid: dynamic tile counter (zeroed by the launcher), else null
+  int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
+  int tile_overlap;   // 1: the next tile's block scan and first QK^T are issued while the
+                      // current tile's last PV GEMM runs (Overlap kernels; every launcher sets 0)
+  int group_meta;     // kGroupScan kernels: offset in int32 elements from the block
+                      // metadata of (b, hm) to its group metadata (int4 {LTSmax, LTEmin, UTSmax,
+                      // UTEmin} per group of 32 key blocks); 0 = no group level (every group scanned)
+};
+
+struct BwdArgs {
+  const int32_t* bounds;
+  const int32_t* meta;
+  const float* lse2;   // [B, N, sq_pad]
+  const float* delta;  // [B, N, sq_pad]
+  float* dq_accum;     // [B, N, sq_pad, D]: a query tile's dQ is one contiguous block
+  void* dk;
+  void* dv;
+  int B, Sq, Sk, N, K, Hm;
+  int nblk, mblk, sq_pad;
+  int heads_per_kv, heads_per_mask;
+  float scale, scale_log2;
+  int dq_bulk;  // 1: dQ tile -> smem -> one cp.reduce.async.bulk add; 0: float2 atomics
+  // Deterministic mode: dq_sem [B, N, mblk, sem_words] holds one bit per (query tile, key block),
+  // set once that key block's dQ contribution to the tile is complete in dq_accum (or at CTA start
+  // when the key block skips the tile). A CTA adds its tile only after every key block above it
+  // has its bit: contributions land in descending key-block order, the same on every run.
+  int deterministic;
+  uint32_t* dq_sem;
+  int sem_words;
+  // Persistent grid: sched[0] = item counter, sched[4 + r] = key block of rank r (see
+  // flashmask_bwd_persist_kernel); items_total = nblk * K * B; sec_heads = (b, kv head) pairs per
+  // L2 section of the item order.
+  int* sched;
+  int items_total;
+  int sec_heads;
+  // Launch groups (deterministic mode): (kv head, batch) pairs per interleaved launch group (>= 1);
+  // 0 = the group size that the pre-pass wrote to sched[1].
+  int det_group;
+  // Deterministic: 1 = take the pair's launch / summation order from the pre-pass when it wrote
+  // one (sched[2] = 1: sched[4 + nblk + (b * Hm + hm) * nblk + i] = the key block at launch
+  // position i); 0 = descending key block.
+  int det_perm;
+  // Look-ahead zeroing of dq_accum (bwd_zero_ahead below; nullptr = the prep kernel zeroes all of
+  // it): one counter per launch unit, zeroed before the launch.
+  int* zero_count;
+  // 80-row kernels, default mode: 1 = clocked walks (bwd_group_skips_none), key block n from
+  // tile r = (*walk_clock / walk_sms + n) mod mblk, walk_clock counting the tiles the clocked walks
+  // issued so far (its start value is arbitrary); 0 = ascending (every other kernel,
+  // deterministic mode).
+  int walk_clocked;
+  uint32_t* walk_clock;
+  int walk_sms;
+};
+
+}  // namespace jfm::sm90

@@ -1,0 +1,195 @@
+"""The Hopper kernel configurations that exist, and the one table that picks them.
+
+Every compiled kernel is one frozen config below. `cc/generate_kernels.py` reads this file (it
+imports nothing but the standard library, so the generator runs without jax) and writes the
+instantiation units and the C++ dispatch table under `cc/sm90/instantiations/`; the extension
+exports the names it was built with (`compiled_configs`), so a development build of a subset
+(`-DJAX_FLASHMASK_HEAD_DIMS=128`) is reported, not mis-called.
+
+`forward_config` / `backward_config` are the table: one row per (head dim, mask structure) or
+(head dim, deterministic, sm_margin > 0), each with the reason it was chosen, an anchor into
+docs/decisions.md where the measurements are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["ForwardConfig", "BackwardConfig", "FORWARD_CONFIGS", "BACKWARD_CONFIGS",
+           "FORWARD_TABLE", "BACKWARD_TABLE", "STRUCTURES", "HEAD_DIMS", "DTYPES",
+           "forward_config", "backward_config", "config_by_name"]
+
+HEAD_DIMS = (64, 128, 256)
+DTYPES = ("bf16", "fp16")
+STRUCTURES = ("full", "causal", "general")
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardConfig:
+    """One forward kernel (cc/sm90/fwd_kernel.cuh), compiled for bf16 and fp16.
+
+    head_dim / block_n: the tile's head dim and keys per key block (the block-metadata
+    granularity); consumer_warpgroups: 64 query rows each (block_m = 64 * consumer_warpgroups);
+    group_walk: key blocks classified in groups of 32 first (second metadata level); mask_bits:
+    the element mask of partial key blocks as bit words built by the producer's spare warps;
+    paired_tiles: query tiles handed out in pairs (heaviest with lightest), the second walked
+    from its last key block down. Every shipped forward runs on the persistent grid
+    (num_SMs - sm_margin CTAs)."""
+
+    head_dim: int
+    block_n: int
+    consumer_warpgroups: int = 2
+    group_walk: bool = False
+    mask_bits: bool = False
+    paired_tiles: bool = False
+
+    @property
+    def name(self) -> str:
+        s = f"fwd_d{self.head_dim}_bn{self.block_n}_wg{self.consumer_warpgroups}"
+        return s + "".join(f"_{f}" for f, on in (("walk", self.group_walk), ("bits", self.mask_bits),
+                                                 ("paired", self.paired_tiles)) if on)
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.consumer_warpgroups
+
+    persistent = True  # every shipped forward: sm_margin is honoured
+
+    def workspace_words(self, B: int, Hm: int, Sk: int) -> int:
+        """int32 words of the forward's workspace: the block metadata [B, Hm, 8, nblk], the tile
+        counter (padded to 32 words: the group metadata after it is 16-byte aligned), and with
+        group_walk the group metadata (as much again)."""
+        nblk = -(-Sk // self.block_n)
+        ws = B * Hm * 8 * nblk + 32
+        return 2 * ws if self.group_walk else ws
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+    """One backward kernel (cc/sm90/bwd_kernel.cuh, or bwd_d256_kernel.cuh at d = 256), compiled
+    for bf16 and fp16.
+
+    block_m: query rows per tile (Sq is padded to a multiple: the dQ / row-statistics
+    workspaces); block_n: keys per CTA (the metadata granularity); persistent: a grid of
+    num_SMs - sm_margin CTAs taking (key block, kv head, batch) items heaviest first (the only
+    kernel that leaves SMs free); mask_regs: the bounds of a thread's key columns kept in
+    registers, one bit per element on partial tiles; lockstep: the two consumer warpgroups in
+    lock-step, dQ computed transposed (80-row tiles); det_launch_groups: in deterministic mode,
+    interleaved launch groups and the key-block order sized on the device from the metadata."""
+
+    head_dim: int
+    block_m: int
+    block_n: int
+    persistent: bool = False
+    mask_regs: bool = False
+    lockstep: bool = False
+    det_launch_groups: bool = False
+
+    @property
+    def name(self) -> str:
+        s = f"bwd_d{self.head_dim}_bm{self.block_m}_bn{self.block_n}"
+        return s + "".join(f"_{f}" for f, on in (
+            ("persistent", self.persistent), ("regs", self.mask_regs), ("lockstep", self.lockstep),
+            ("detgroups", self.det_launch_groups)) if on)
+
+    def meta_words(self, B: int, Hm: int, K: int, Sk: int) -> int:
+        """int32 words of the metadata workspace, in bwd_kernel.cuh's bwd_meta_layout order: the
+        block metadata [B, Hm, 8, nblk]; the scheduler area (counter, launch group size, order
+        flag, spare, then the persistent kernel's key-block order [nblk]); the deterministic
+        key-block orders [B, Hm, nblk]; the look-ahead zeroing's counters [K * B]."""
+        nblk = -(-Sk // self.block_n)
+        return B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B
+
+
+# ------------------------------------------------------------------ what is compiled (one list)
+FWD_D64 = ForwardConfig(64, 128, consumer_warpgroups=3, group_walk=True, mask_bits=True)
+FWD_D128 = ForwardConfig(128, 128, group_walk=True, mask_bits=True)
+FWD_D256_BN80 = ForwardConfig(256, 80)
+FWD_D256_BN80_PAIRED = ForwardConfig(256, 80, paired_tiles=True)
+FWD_D256 = ForwardConfig(256, 64, group_walk=True, mask_bits=True)
+
+BWD_D64 = BackwardConfig(64, 128, 128, mask_regs=True)
+BWD_D128 = BackwardConfig(128, 80, 128, mask_regs=True, lockstep=True)
+BWD_D128_DET = BackwardConfig(128, 80, 128, mask_regs=True, lockstep=True, det_launch_groups=True)
+BWD_D256 = BackwardConfig(256, 64, 64)
+BWD_D64_PERSISTENT = BackwardConfig(64, 64, 128, persistent=True)
+BWD_D128_PERSISTENT = BackwardConfig(128, 64, 128, persistent=True)
+
+FORWARD_CONFIGS = (FWD_D64, FWD_D128, FWD_D256_BN80, FWD_D256_BN80_PAIRED, FWD_D256)
+BACKWARD_CONFIGS = (BWD_D64, BWD_D128, BWD_D128_DET, BWD_D256, BWD_D64_PERSISTENT,
+                    BWD_D128_PERSISTENT)
+
+
+# ------------------------------------------------------------------------------- the table
+# (head_dim, structure) -> (config, reason). structure: "full" / "causal" when the caller passed no
+# mask vectors (the mask is dense up to the causal edge), "general" otherwise. The result is exact
+# for any bounds; the structure only picks the fastest kernel.
+FORWARD_TABLE = {
+    (64, "full"): (FWD_D64, "three consumer warpgroups hide softmax under two GEMMs; "
+                   "docs/decisions.md#fwd-d64"),
+    (64, "causal"): (FWD_D64, "as full; docs/decisions.md#fwd-d64"),
+    (64, "general"): (FWD_D64, "group walk and mask bits keep the three-warpgroup tile ahead on "
+                      "masks too; docs/decisions.md#fwd-d64"),
+    (128, "full"): (FWD_D128, "group walk + mask bits equal or ahead on every mask and length; "
+                    "docs/decisions.md#fwd-d128"),
+    (128, "causal"): (FWD_D128, "as full; docs/decisions.md#fwd-d128"),
+    (128, "general"): (FWD_D128, "as full; docs/decisions.md#fwd-d128"),
+    (256, "full"): (FWD_D256_BN80, "key blocks of 80 amortize per-block costs over more GEMM "
+                    "work; docs/decisions.md#fwd-d256-full"),
+    (256, "causal"): (FWD_D256_BN80_PAIRED, "paired tiles keep the CTAs' K/V reads in step (L2); "
+                      "docs/decisions.md#fwd-d256-causal"),
+    (256, "general"): (FWD_D256, "group walk + mask bits win on bands and documents; "
+                       "docs/decisions.md#fwd-d256-general"),
+}
+
+# (head_dim, deterministic, sm_margin > 0) -> (config, reason)
+BACKWARD_TABLE = {
+    (64, False, False): (BWD_D64, "128-row tiles split the dQ GEMM by rows; mask in registers; "
+                         "docs/decisions.md#bwd-d64"),
+    (64, True, False): (BWD_D64, "same kernel, dQ summed in the order of the device pre-pass; "
+                        "docs/decisions.md#bwd-d64"),
+    (128, False, False): (BWD_D128, "80-row tiles, lock-step consumers, clocked walk beyond the "
+                          "L2; docs/decisions.md#bwd-d128"),
+    (128, True, False): (BWD_D128_DET, "80-row kernel with launch groups and key-block order "
+                         "sized on the device; docs/decisions.md#bwd-d128-det"),
+    (256, False, False): (BWD_D256, "its own kernel: 64 keys per CTA, warpgroups split d; "
+                          "docs/decisions.md#bwd-d256"),
+    (256, True, False): (BWD_D256, "as above, device key-block order; docs/decisions.md#bwd-d256"),
+    (256, False, True): (BWD_D256, "one CTA per work item: sm_margin is not honoured at d = 256; "
+                         "docs/decisions.md#bwd-d256"),
+    (256, True, True): (BWD_D256, "as above; docs/decisions.md#bwd-d256"),
+    (64, False, True): (BWD_D64_PERSISTENT, "the persistent grid is the only one that leaves SMs "
+                        "free; docs/decisions.md#bwd-persistent-sm-margin"),
+    (64, True, True): (BWD_D64_PERSISTENT, "as above; docs/decisions.md#bwd-persistent-sm-margin"),
+    (128, False, True): (BWD_D128_PERSISTENT, "as above; docs/decisions.md#bwd-persistent-sm-margin"),
+    (128, True, True): (BWD_D128_PERSISTENT, "as above; docs/decisions.md#bwd-persistent-sm-margin"),
+}
+
+
+def forward_config(head_dim: int, structure: str = "general") -> ForwardConfig:
+    """The forward kernel for `head_dim` and mask `structure` (ValueError: name the fix)."""
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+    row = FORWARD_TABLE.get((int(head_dim), structure))
+    if row is None:
+        raise NotImplementedError(f"the CUDA kernels support head dims {HEAD_DIMS}, not "
+                                  f"{head_dim}; use implementation='xla'")
+    return row[0]
+
+
+def backward_config(head_dim: int, deterministic: bool = False, sm_margin: int = 0) -> BackwardConfig:
+    """The backward kernel for `head_dim`, `deterministic` and whether SMs are left free."""
+    row = BACKWARD_TABLE.get((int(head_dim), bool(deterministic), int(sm_margin) > 0))
+    if row is None:
+        raise NotImplementedError(f"the CUDA backward supports head dims {HEAD_DIMS}, not "
+                                  f"{head_dim}; use implementation='xla'")
+    return row[0]
+
+
+def config_by_name(name: str):
+    """The forward or backward config called `name` (ValueError listing the valid names)."""
+    for c in FORWARD_CONFIGS + BACKWARD_CONFIGS:
+        if c.name == name:
+            return c
+    valid = ", ".join(c.name for c in FORWARD_CONFIGS + BACKWARD_CONFIGS)
+    raise ValueError(f"unknown kernel config {name!r}; valid: {valid}")
