@@ -55,27 +55,36 @@ const char* compiled_configs() {
 
 const char* compiled_configs() { return sm90::compiled_configs(); }
 
+namespace {
+
+// The checks every call shares (heads), then the named config's launcher for the dtype.
+template <class Entry, class Params>
+cudaError_t run_config(const Entry* c, const Params& p, cudaStream_t stream, const char** err,
+                       const char* not_compiled, const char* bad_heads, const char* bad_d) {
+  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
+    if (err) *err = bad_heads;
+    return cudaErrorInvalidValue;
+  }
+  if (c == nullptr || c->head_dim != p.d) {
+    if (err) *err = c == nullptr ? not_compiled : bad_d;
+    return cudaErrorInvalidValue;
+  }
+  return (p.dtype == DType::kBF16 ? c->bf16 : c->fp16)(p, stream, err);
+}
+
+}  // namespace
+
 cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const char** err) {
   if (p.B == 0 || p.Sq == 0 || p.N == 0) return cudaSuccess;
   if (p.Sk <= 0) {
     if (err) *err = "flashmask sm90 forward: Sk must be >= 1";
     return cudaErrorInvalidValue;
   }
-  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
-    if (err) *err = "flashmask sm90 forward: N must be a multiple of K and of Hm";
-    return cudaErrorInvalidValue;
-  }
-  const sm90::FwdConfigEntry* c = sm90::find_fwd_config(p.config, p.config_len);
-  if (c == nullptr) {
-    if (err) *err = "flashmask sm90 forward: kernel config not compiled into this build "
-                    "(see compiled_configs(); CMake option JAX_FLASHMASK_HEAD_DIMS)";
-    return cudaErrorInvalidValue;
-  }
-  if (c->head_dim != p.d) {
-    if (err) *err = "flashmask sm90 forward: the kernel config's head dim differs from q's";
-    return cudaErrorInvalidValue;
-  }
-  return (p.dtype == DType::kBF16 ? c->bf16 : c->fp16)(p, stream, err);
+  return run_config(sm90::find_fwd_config(p.config, p.config_len), p, stream, err,
+                    "flashmask sm90 forward: kernel config not compiled into this build "
+                    "(see compiled_configs(); CMake option JAX_FLASHMASK_HEAD_DIMS)",
+                    "flashmask sm90 forward: N must be a multiple of K and of Hm",
+                    "flashmask sm90 forward: the kernel config's head dim differs from q's");
 }
 
 cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const char** err) {
@@ -90,21 +99,11 @@ cudaError_t flashmask_bwd_sm90(const BwdParams& p, cudaStream_t stream, const ch
     if (err) *err = "flashmask sm90 backward: negative sequence length";
     return cudaErrorInvalidValue;
   }
-  if (p.K <= 0 || p.Hm <= 0 || p.N % p.K != 0 || p.N % p.Hm != 0) {
-    if (err) *err = "flashmask sm90 backward: N must be a multiple of K and of Hm";
-    return cudaErrorInvalidValue;
-  }
-  const sm90::BwdConfigEntry* c = sm90::find_bwd_config(p.config, p.config_len);
-  if (c == nullptr) {
-    if (err) *err = "flashmask sm90 backward: kernel config not compiled into this build "
-                    "(see compiled_configs(); CMake option JAX_FLASHMASK_HEAD_DIMS)";
-    return cudaErrorInvalidValue;
-  }
-  if (c->head_dim != p.d) {
-    if (err) *err = "flashmask sm90 backward: the kernel config's head dim differs from q's";
-    return cudaErrorInvalidValue;
-  }
-  return (p.dtype == DType::kBF16 ? c->bf16 : c->fp16)(p, stream, err);
+  return run_config(sm90::find_bwd_config(p.config, p.config_len), p, stream, err,
+                    "flashmask sm90 backward: kernel config not compiled into this build "
+                    "(see compiled_configs(); CMake option JAX_FLASHMASK_HEAD_DIMS)",
+                    "flashmask sm90 backward: N must be a multiple of K and of Hm",
+                    "flashmask sm90 backward: the kernel config's head dim differs from q's");
 }
 
 }  // namespace jfm
