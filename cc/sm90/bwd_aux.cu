@@ -350,9 +350,9 @@ constexpr int kDetGroupRows80 = 80;
 // (L = mean kept tiles per live key block), each tile's Q, dO and fp32 dQ rows ~80 KB at d = 128,
 // so 300 tiles ~ 24 MB, half the L2. Co-starting chains take G = kDetGroupPairs and the budget
 // alone limits it; the co-start test (more than half of the query tiles per key block) keeps
-// full / causal-like walks at G = 1 (docs/decisions.md#bwd-d128-det).
+// full / causal-like walks at G = 1 (docs/decisions.md#det-arrival-order).
 constexpr unsigned kDetGroupTileBudget = 300;
-// G of the inverted-tails branch (causal blockwise; docs/decisions.md#bwd-d128-det).
+// G of the inverted-tails branch (causal blockwise; docs/decisions.md#det-arrival-order).
 constexpr unsigned kDetGroupInverted = 4;
 
 template <int Rows>
@@ -383,7 +383,7 @@ __device__ __forceinline__ int det_kept_rows(const int32_t* mt, int nblk, int Sq
 // between windows), inside a window in ascending kept-tile count, ties by descending key block,
 // i.e. the order in which their walks reach a tail that all of them share. The window keeps the
 // resident CTAs on the rows of ~32K keys' documents (sorting a whole 128K head interleaves every
-// document: docs/decisions.md#bwd-d128-det). Written position -> key block at order[bh * nblk + i], from the rank of each key
+// document: docs/decisions.md#det-arrival-order). Written position -> key block at order[bh * nblk + i], from the rank of each key
 // block in its window (kept counts in smem).
 constexpr int kDetPermMaxBlocks = 12000;  // kept counts in dynamic shared memory (under 48 KB)
 constexpr int kDetOrderWindow = 256;      // key blocks (32K keys at 128 keys per block)

@@ -7,7 +7,7 @@
 // same ordering bits), but with a different split of the work, because the d = 128 design does
 // not fit: 64 keys x 256 columns of dK plus dV are 256 fp32 registers per thread of a warpgroup.
 //
-// Design (docs/decisions.md#bwd-d256):
+// Design (docs/decisions.md#bwd-d256-kernel):
 //  * Bn = 64 keys per CTA (the block metadata is built at 64 too), Bm = 64 query rows per tile.
 //    384 threads: a producer warpgroup (setmaxnreg 24: TMA warp, dQ-writer warp, skip-bit warp)
 //    and two consumer warpgroups (240) that split the work by columns instead of by keys:

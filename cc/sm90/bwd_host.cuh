@@ -109,7 +109,7 @@ inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
 
 // Deterministic mode of the kernels launched (nblk, K, B) at `rows`-row tiles (d = 64 with
 // 128-row tiles, d = 256): the launch groups' key-block order where the tails are inverted
-// (bwd_det_order_sm90; docs/decisions.md#bwd-d128-det). Sets a.det_perm and a.sched (the scheduler area and the orders after the block
+// (bwd_det_order_sm90; docs/decisions.md#det-arrival-order). Sets a.det_perm and a.sched (the scheduler area and the orders after the block
 // metadata) and runs the pre-pass on `stream`.
 inline cudaError_t bwd_launch_det_order(const BwdParams& p, BwdArgs& a, int nblk, int mblk, int rows,
                                         cudaStream_t stream, const char** err) {

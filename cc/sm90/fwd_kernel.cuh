@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // visible score yet; otherwise P = 2^(s*sl2 - m_i*sl2) <= 2^kRescaleLog2 and O / l keep
       // their scale, which the epilogue's O / l and lse = m + ln l take as they are, and the block
       // skips O's rescale (128 FMUL per thread at d = 256; at d = 64 / 128 the test costs more than
-      // it saves, so they rescale always: docs/decisions.md#fwd-d256-full).
+      // it saves, so they rescale always: docs/decisions.md#fwd-d256-bn80).
       constexpr bool kLazyRescale = D >= 256;
       constexpr float kRescaleLog2 = 8.f;
       // the exp of row i against the max m_i (resc: first moved to x) and l_i's update; selects,

@@ -126,18 +126,18 @@ BACKWARD_CONFIGS = (BWD_D64, BWD_D128, BWD_D128_DET, BWD_D256, BWD_D64_PERSISTEN
 # for any bounds; the structure only picks the fastest kernel.
 FORWARD_TABLE = {
     (64, "full"): (FWD_D64, "three consumer warpgroups hide softmax under two GEMMs; "
-                   "docs/decisions.md#fwd-d64"),
-    (64, "causal"): (FWD_D64, "as full; docs/decisions.md#fwd-d64"),
+                   "docs/decisions.md#fwd-d64-wg3"),
+    (64, "causal"): (FWD_D64, "as full; docs/decisions.md#fwd-d64-wg3"),
     (64, "general"): (FWD_D64, "group walk and mask bits keep the three-warpgroup tile ahead on "
-                      "masks too; docs/decisions.md#fwd-d64"),
+                      "masks too; docs/decisions.md#fwd-d64-wg3"),
     (128, "full"): (FWD_D128, "group walk + mask bits equal or ahead on every mask and length; "
                     "docs/decisions.md#fwd-d128"),
     (128, "causal"): (FWD_D128, "as full; docs/decisions.md#fwd-d128"),
     (128, "general"): (FWD_D128, "as full; docs/decisions.md#fwd-d128"),
     (256, "full"): (FWD_D256_BN80, "key blocks of 80 amortize per-block costs over more GEMM "
-                    "work; docs/decisions.md#fwd-d256-full"),
+                    "work; docs/decisions.md#fwd-d256-bn80"),
     (256, "causal"): (FWD_D256_BN80_PAIRED, "paired tiles keep the CTAs' K/V reads in step (L2); "
-                      "docs/decisions.md#fwd-d256-causal"),
+                      "docs/decisions.md#fwd-d256-paired-tiles"),
     (256, "general"): (FWD_D256, "group walk + mask bits win on bands and documents; "
                        "docs/decisions.md#fwd-d256-general"),
 }
@@ -145,24 +145,24 @@ FORWARD_TABLE = {
 # (head_dim, deterministic, sm_margin > 0) -> (config, reason)
 BACKWARD_TABLE = {
     (64, False, False): (BWD_D64, "128-row tiles split the dQ GEMM by rows; mask in registers; "
-                         "docs/decisions.md#bwd-d64"),
+                         "docs/decisions.md#bwd-d64-rows128"),
     (64, True, False): (BWD_D64, "same kernel, dQ summed in the order of the device pre-pass; "
-                        "docs/decisions.md#bwd-d64"),
+                        "docs/decisions.md#bwd-d64-rows128"),
     (128, False, False): (BWD_D128, "80-row tiles, lock-step consumers, clocked walk beyond the "
-                          "L2; docs/decisions.md#bwd-d128"),
+                          "L2; docs/decisions.md#bwd-d128-rows80"),
     (128, True, False): (BWD_D128_DET, "80-row kernel with launch groups and key-block order "
-                         "sized on the device; docs/decisions.md#bwd-d128-det"),
+                         "sized on the device; docs/decisions.md#det-arrival-order"),
     (256, False, False): (BWD_D256, "its own kernel: 64 keys per CTA, warpgroups split d; "
-                          "docs/decisions.md#bwd-d256"),
-    (256, True, False): (BWD_D256, "as above, device key-block order; docs/decisions.md#bwd-d256"),
+                          "docs/decisions.md#bwd-d256-kernel"),
+    (256, True, False): (BWD_D256, "as above, device key-block order; docs/decisions.md#bwd-d256-kernel"),
     (256, False, True): (BWD_D256, "one CTA per work item: sm_margin is not honoured at d = 256; "
-                         "docs/decisions.md#bwd-d256"),
-    (256, True, True): (BWD_D256, "as above; docs/decisions.md#bwd-d256"),
+                         "docs/decisions.md#bwd-d256-kernel"),
+    (256, True, True): (BWD_D256, "as above; docs/decisions.md#bwd-d256-kernel"),
     (64, False, True): (BWD_D64_PERSISTENT, "the persistent grid is the only one that leaves SMs "
-                        "free; docs/decisions.md#bwd-persistent-sm-margin"),
-    (64, True, True): (BWD_D64_PERSISTENT, "as above; docs/decisions.md#bwd-persistent-sm-margin"),
-    (128, False, True): (BWD_D128_PERSISTENT, "as above; docs/decisions.md#bwd-persistent-sm-margin"),
-    (128, True, True): (BWD_D128_PERSISTENT, "as above; docs/decisions.md#bwd-persistent-sm-margin"),
+                        "free; docs/decisions.md#bwd-sm-margin-persistent"),
+    (64, True, True): (BWD_D64_PERSISTENT, "as above; docs/decisions.md#bwd-sm-margin-persistent"),
+    (128, False, True): (BWD_D128_PERSISTENT, "as above; docs/decisions.md#bwd-sm-margin-persistent"),
+    (128, True, True): (BWD_D128_PERSISTENT, "as above; docs/decisions.md#bwd-sm-margin-persistent"),
 }
 
 
