@@ -368,3 +368,26 @@ def test_deterministic_gradients_reproducible(impl, heads, kv_heads, mask_heads)
     for x, y, r in zip(a, b, ref):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         assert rel_err(x, r) < 1e-5
+
+
+def test_eager_calls_hit_the_compile_cache(monkeypatch):
+    """Outside jit, a repeated call with the same shapes and options runs the compiled program
+    instead of tracing the implementation again (each trace compiles the blocked loops anew)."""
+    traced = []
+    real = _xla.forward
+
+    def counting(*a, **kw):
+        traced.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(_xla, "forward", counting)
+    jax.clear_caches()
+    q, k, v = make_qkv(np.random.default_rng(0), 1, 24, 24, 2, 1, 8)
+    first = jf.attention(q, k, v, causal=True, implementation="xla")
+    assert traced, "the first call traces the implementation"
+    n = len(traced)
+    again = jf.attention(q, k, v, causal=True, implementation="xla")
+    assert len(traced) == n, "an identical eager call traced again"
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(again))
+    jf.attention(q, k, v, causal=False, implementation="xla")  # new static options: a new program
+    assert len(traced) > n
