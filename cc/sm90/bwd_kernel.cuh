@@ -208,17 +208,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
         while (have) {
           const int h = hk * a.heads_per_kv + g;
-          const int64_t base = bwd_sem_word(a, b, h, m);
-          const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
-          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
-          Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
-          if (lane == 0) {
-            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
-                                 &ss.dq_empty[buf]);
-          }
-          __syncwarp();
+          bwd_write_dq_tile<Bm, D>(a, ss, b, h, m, slot, lane, buf, phase);
           if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
           have = next_kept(g, m, partial);
         }
@@ -283,45 +273,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   int cbnd[2][4];
   int g_bnd = -1;
 
-  // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
-  auto turn_begin = [&]() {
-    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
-  };
-  auto turn_end = [&](bool last) {
-    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  // GEMM turns and the dQ hand-off as lambdas, so that they inline where the kernel's own code does
+  auto turn_begin = [&]() { bwd_turn_begin(wg); };
+  auto turn_end = [&](bool last) { bwd_turn_end(wg, last); };
+  auto put_dq = [&](int buf, int par, int64_t off) {
+    bwd_put_dq<T>(a, ss, tdQrdQ, ctid, dq_store, buf, par, off);
   };
   auto sdp_gemms = [&](int st) {
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
-  };
-  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
-  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
-  auto put_dq = [&](int buf, int par, int64_t off) {
-    int ctid_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
-                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
-      if (dq_store) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-        }
-      }
-      pp_fence_async_smem();
-      pp_arrive(&ss.dq_full[buf]);
-    } else if (dq_store) {
-      float* dqa = a.dq_accum + off;
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
-    }
   };
 
   if (have) {
@@ -456,35 +416,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrdP);
-      CUTE_UNROLL
-      for (int kk = 0; kk < Bm / 8; ++kk) {
-        const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const int e = 4 * kk + 2 * i + j;
-            const float p = tSrS(e);
-            const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
-            tPrP(e) = static_cast<Elem>(p);
-            tPrdS(e) = static_cast<Elem>(ds);
-          }
-        }
-      }
+      bwd_p_ds<Elem, Bm>(tSrS, tSrdP, dls, col_b, tPrP, tPrdS);
       if constexpr (!T::kLockstep) {
-        wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-        // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
-        pp_wait(&ss.x.ds_empty[st], par ^ 1);
-        store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
-        pp_fence_async_smem();
-        pp_arrive(&ss.x.ds_full[st]);
-        wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tdKrdK);
-        warpgroup_fence_operand(tPrP);
-        warpgroup_fence_operand(tPrdS);
-        pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+        bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS, col_b,
+                               64 * wg_b + row_b, st, par);
         lin2 = lin1;
         lin1 = (b * a.N + h) * a.mblk + m;
 
@@ -735,17 +670,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         while (have) {
           const int h = hk * a.heads_per_kv + g;
-          const int64_t base = bwd_sem_word(a, b, h, m);
-          const uint32_t first = a.deterministic ? bwd_order_first(a, base, n, lane) : 0u;
-          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
-          Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) bwd_wait_order(a, base, n, lane, first);
-          if (lane == 0) {
-            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic,
-                                 &ss.dq_empty[buf]);
-          }
-          __syncwarp();
+          bwd_write_dq_tile<Bm, D>(a, ss, b, h, m, n, lane, buf, phase);
           if (++buf == 2) { buf = 0; phase ^= 1; }
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
@@ -792,45 +717,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const float sl2 = a.scale_log2;
 
-  // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
-  auto turn_begin = [&]() {
-    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
-  };
-  auto turn_end = [&](bool last) {
-    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  // GEMM turns and the dQ hand-off as lambdas, so that they inline where the kernel's own code does
+  auto turn_begin = [&]() { bwd_turn_begin(wg); };
+  auto turn_end = [&](bool last) { bwd_turn_end(wg, last); };
+  auto put_dq = [&](int buf, int par, int64_t off) {
+    bwd_put_dq<T>(a, ss, tdQrdQ, ctid, dq_store, buf, par, off);
   };
   auto sdp_gemms = [&](int st) {
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
-  };
-  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
-  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
-  auto put_dq = [&](int buf, int par, int64_t off) {
-    int ctid_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
-                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
-      if (dq_store) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-        }
-      }
-      pp_fence_async_smem();
-      pp_arrive(&ss.dq_full[buf]);
-    } else if (dq_store) {
-      float* dqa = a.dq_accum + off;
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
-    }
   };
 
   // Loop-carried state in one register (the consumers have none to spare: the pp body needs all
@@ -929,34 +824,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrdP);
-      CUTE_UNROLL
-      for (int kk = 0; kk < Bm / 8; ++kk) {
-        const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const int e = 4 * kk + 2 * i + j;
-            const float p = tSrS(e);
-            const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
-            tPrP(e) = static_cast<Elem>(p);
-            tPrdS(e) = static_cast<Elem>(ds);
-          }
-        }
-      }
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-      // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
-      pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
-      pp_fence_async_smem();
-      pp_arrive(&ss.x.ds_full[st]);
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tPrP);
-      warpgroup_fence_operand(tPrdS);
-      pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+      bwd_p_ds<Elem, Bm>(tSrS, tSrdP, dls, col_b, tPrP, tPrdS);
+      bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS, col_b,
+                             64 * wg_b + row_b, st, par);
       lin2 = lin1;
       lin1 = (JFM_ITEM_B * a.N + h) * a.mblk + m;
 

@@ -1,11 +1,16 @@
-// Building blocks of the backward main loops: the dS tile's stores to shared memory (32-bit
-// shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves (walk, GEMM
-// issue, softmax, dS) are still the kernel bodies in bwd_kernel.cuh / bwd_d256_kernel.cuh.
+// Building blocks of the backward main loops: the consumers' GEMM turns (ping-pong), P / dS from
+// S and dP, the dV / dK GEMMs of a ping-pong tile, the dQ tile's hand-off to the writer warp, and
+// the dS tile's stores to shared memory (32-bit shared addresses, or stmatrix.trans for the 80-row
+// kernel). The loops themselves (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh /
+// bwd_d256_kernel.cuh.
 // Contract: the SmemLayoutdS of traits.h (K-major, 128B swizzle), bit for bit as a CuTe store.
-// Synchronization: the caller fences the generic-proxy stores before the GEMMs read them.
+// Synchronization: the caller fences the generic-proxy stores of store_ds_tile* before the GEMMs
+//   read them; bwd_dkv_pingpong and bwd_put_dq arrive on the barriers named at each.
 // Knobs: none.
 #pragma once
 
+#include "kernel_args.h"
+#include "primitives.cuh"
 #include "traits.h"
 
 namespace jfm::sm90 {
@@ -62,6 +67,96 @@ __device__ __forceinline__ void store_ds_tile_stsm(SdS& sdS, Frag const& tPrdS, 
                      base + 2 * p * kRows8),
                  "r"(r(4 * p)), "r"(r(4 * p + 1)), "r"(r(4 * p + 2)), "r"(r(4 * p + 3))
                  : "memory");
+  }
+}
+
+// Turn of consumer warpgroup wg to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup
+// 1's). Warpgroup 1 pre-arrives once so that warpgroup 0 goes first; warpgroup 0's last arrive
+// (last) is the one that balances it.
+__device__ __forceinline__ void bwd_turn_begin(int wg) {
+  if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+}
+__device__ __forceinline__ void bwd_turn_end(int wg, bool last) {
+  if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+}
+
+// P^T and dS^T = P^T (dP^T - D) in the GEMM operand type, from P^T (already exp'ed and masked, in
+// tSrS) and dP^T; dls = the tile's D row statistics in smem, col_b = the thread's first query.
+template <class Elem, int Bm, class FragC, class FragA>
+__device__ __forceinline__ void bwd_p_ds(FragC const& tSrS, FragC const& tSrdP, const float* dls,
+                                         int col_b, FragA& tPrP, FragA& tPrdS) {
+  CUTE_UNROLL
+  for (int kk = 0; kk < Bm / 8; ++kk) {
+    const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const int e = 4 * kk + 2 * i + j;
+        const float p = tSrS(e);
+        const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+        tPrP(e) = static_cast<Elem>(p);
+        tPrdS(e) = static_cast<Elem>(ds);
+      }
+    }
+  }
+}
+
+// Ping-pong consumers, tile in stage / dS buffer st (parity par): dV += P^T dO, dS^T to smem for
+// the dQ GEMMs (after the dQ GEMMs of two tiles back released the buffer: ds_empty; then
+// ds_full), dK += dS^T Q, all retired, then the Q / dO stage released (empty). q0 / k0 as in
+// store_ds_tile.
+template <class Elem, class Storage, class MmaKV, class FragA, class TdO, class TQ, class FragKV,
+          class SdS>
+__device__ __forceinline__ void bwd_dkv_pingpong(Storage& ss, MmaKV& mma_dkv, FragA& tPrP,
+                                                 FragA& tPrdS, TdO const& tdVrdO, TQ const& tdKrQ,
+                                                 FragKV& tdVrdV, FragKV& tdKrdK, SdS& sdS, int q0,
+                                                 int k0, int st, int par) {
+  wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+  // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
+  pp_wait(&ss.x.ds_empty[st], par ^ 1);
+  store_ds_tile<Elem>(sdS, tPrdS, q0, k0, st);
+  pp_fence_async_smem();
+  pp_arrive(&ss.x.ds_full[st]);
+  wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tdVrdV);
+  warpgroup_fence_operand(tdKrdK);
+  warpgroup_fence_operand(tPrP);
+  warpgroup_fence_operand(tPrdS);
+  pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of the tile are done
+}
+
+// dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's smem
+// buffer `buf` (bulk mode: after dq_empty, then dq_full) or float2 atomics at workspace offset
+// `off` (dq_mode 0). dq_store: this thread holds part of the tile (kDqWG).
+template <class T, class Storage, class FragQ>
+__device__ __forceinline__ void bwd_put_dq(BwdArgs const& a, Storage& ss, FragQ const& tdQrdQ,
+                                           int ctid, bool dq_store, int buf, int par, int64_t off) {
+  int ctid_b;
+  asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+  const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
+                 ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+  if (a.dq_bulk) {
+    pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
+    if (dq_store) {
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+      }
+    }
+    pp_fence_async_smem();
+    pp_arrive(&ss.dq_full[buf]);
+  } else if (dq_store) {
+    float* dqa = a.dq_accum + off;
+    CUTE_UNROLL
+    for (int e = 0; e < size(tdQrdQ); e += 2) {
+      const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+      atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+    }
   }
 }
 

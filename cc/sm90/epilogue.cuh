@@ -284,4 +284,24 @@ __device__ __forceinline__ void bwd_rows_to_global(Elem* g, const Elem* stage, i
   }
 }
 
+// The dQ-writer warp's part of one tile (query head h, tile m) of a key block: wait for the
+// consumers' dQ tile in smem buffer `buf` (dq_full, parity `phase`), in deterministic mode for the
+// ordering bits of the slots above `slot`, then lane 0 issues the bulk reduce-add and publishes
+// `slot`'s bit / frees the buffer (bwd_finish_dq_reduce).
+template <int Bm, int D, class Storage>
+__device__ __forceinline__ void bwd_write_dq_tile(const BwdArgs& a, Storage& ss, int b, int h,
+                                                  int m, int slot, int lane, int buf, int phase) {
+  const int64_t base = bwd_sem_word(a, b, h, m);
+  const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
+  float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+  cutlass::arch::ClusterTransactionBarrier::wait(&ss.dq_full[buf], phase);
+  if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
+  if (lane == 0) {
+    bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
+    bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
+                         &ss.dq_empty[buf]);
+  }
+  __syncwarp();
+}
+
 }  // namespace jfm::sm90
