@@ -11,6 +11,7 @@
 
 #include "kernel_args.h"
 #include "primitives.cuh"
+#include "softmax.cuh"
 #include "traits.h"
 
 namespace jfm::sm90 {
@@ -80,6 +81,41 @@ __device__ __forceinline__ void bwd_turn_begin(int wg) {
 __device__ __forceinline__ void bwd_turn_end(int wg, bool last) {
   if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
   else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+}
+
+// P^T = exp2(S^T * scale * log2(e) - lse2) in place, zero where masked: kMasked tests the key
+// column's mask bits (cmask, bit 2 kk + j per query), kElemTest the column bounds on a partial tile
+// (lts / lte / uts / ute of the thread's two key columns, koob: column >= Sk); neither: no mask arithmetic. l2s = the tile's lse2 row statistics in smem,
+// ms = the tile's first query, col_b = the thread's first query column, sl2 = scale * log2(e).
+template <int Bm, bool kMasked, bool kElemTest, class FragC>
+__device__ __forceinline__ void bwd_exp_tile(FragC& tSrS, const float* l2s, int col_b, float sl2,
+                                             int ms, bool partial, const uint32_t (&cmask)[2],
+                                             const int (&lts)[2], const int (&lte)[2],
+                                             const int (&uts)[2], const int (&ute)[2],
+                                             const bool (&koob)[2]) {
+  CUTE_UNROLL
+  for (int kk = 0; kk < Bm / 8; ++kk) {
+    const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const int e = 4 * kk + 2 * i + j;
+        float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+        if constexpr (kMasked) {
+          if (cmask[i] & (1u << (2 * kk + j))) p = 0.f;
+        } else if constexpr (kElemTest) {
+          if (partial) {
+            const int q = ms + 8 * kk + col_b + j;
+            const bool masked =
+                koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+            if (masked) p = 0.f;
+          }
+        }
+        tSrS(e) = p;
+      }
+    }
+  }
 }
 
 // P^T and dS^T = P^T (dP^T - D) in the GEMM operand type, from P^T (already exp'ed and masked, in

@@ -121,7 +121,7 @@ __device__ __forceinline__ void bwd_wait_order(const BwdArgs& a, int64_t base, i
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-// Look-ahead zeroing of the fp32 dQ accumulator (BwdArgs::zero_count set; flashmask_bwd_pp_kernel).
+// Look-ahead zeroing of the fp32 dQ accumulator (BwdArgs::zero_count set; the pp kernel).
 // The CTAs launch in units whose dQ rows are one contiguous range of dq_accum: a (kv head, batch)
 // pair (heads_per_kv heads of sq_pad rows), or in deterministic mode a launch group of G pairs.
 // At CTA start the idle producer warp 3 of each CTA of unit u zeroes its slice of unit u + 1's
