@@ -219,15 +219,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             // K / V of the previous item fully read (last dQ GEMM done in both warpgroups)
             if (kvu > 0) Barrier::wait(&ss.x.kv_empty, (kvu - 1) & 1);
             ++kvu;
-            Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-            Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-            auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                            group_modes<0, 2>(gK));
-            auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                            group_modes<0, 2>(gV));
-            Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-            copy(tma_k.with(ss.kv_full), tKg, tKs);
-            copy(tma_v.with(ss.kv_full), tVg, tVs);
+            bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
             while (have) {
               Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
               const int h = hk * a.heads_per_kv + g;
@@ -241,11 +233,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                             2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
               copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
               copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-              const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-              SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
-                                       Bm * (int)sizeof(float));
-              SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
-                                       Bm * (int)sizeof(float));
+              bwd_load_rowstats<Bm>(a, ss, b, h, m, stage);
               if (++stage == S) { stage = 0; phase ^= 1; }
               ++m;
               have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
@@ -286,15 +274,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
           Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
           Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-          Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-          Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-          auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                          group_modes<0, 2>(gK));
-          auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                          group_modes<0, 2>(gV));
-          Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-          copy(tma_k.with(ss.kv_full), tKg, tKs);
-          copy(tma_v.with(ss.kv_full), tVg, tVs);
+          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
           int stage = 0, phase = 0;
           while (have) {
             Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
@@ -322,12 +302,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             }
             copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
             copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-            // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
-            const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-            SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
-                                     Bm * (int)sizeof(float));
-            SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
-                                     Bm * (int)sizeof(float));
+            bwd_load_rowstats<Bm>(a, ss, b, h, m, stage);
             if (++stage == S) { stage = 0; phase ^= 1; }
             if constexpr (T::kLockstep) {
               g = gn;

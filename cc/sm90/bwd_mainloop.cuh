@@ -1,7 +1,7 @@
-// Building blocks of the backward main loops: the consumers' GEMM turns (ping-pong), P / dS from
-// S and dP, the dV / dK GEMMs of a ping-pong tile, the dQ tile's hand-off to the writer warp, and
-// the dS tile's stores to shared memory (32-bit shared addresses, or stmatrix.trans for the 80-row
-// kernel). The loops themselves (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh /
+// Building blocks of the backward main loops: the producer lane's K / V and row-statistics loads,
+// the consumers' GEMM turns (ping-pong), P^T (exp) and P / dS from S and dP, the dV / dK GEMMs of
+// a ping-pong tile, the dQ tile's hand-off to the writer warp, and the dS tile's stores to shared
+// memory (32-bit shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh /
 // bwd_d256_kernel.cuh.
 // Contract: the SmemLayoutdS of traits.h (K-major, 128B swizzle), bit for bit as a CuTe store.
 // Synchronization: the caller fences the generic-proxy stores of store_ds_tile* before the GEMMs
@@ -69,6 +69,35 @@ __device__ __forceinline__ void store_ds_tile_stsm(SdS& sdS, Frag const& tPrdS, 
                  "r"(r(4 * p)), "r"(r(4 * p + 1)), "r"(r(4 * p + 2)), "r"(r(4 * p + 3))
                  : "memory");
   }
+}
+
+// The producer lane's loads of a work item's K and V tiles (key block n of kv head hk, batch b) by
+// TMA onto kv_full, and of a Q / dO tile's row statistics (lse2, D of query head h, tile m; rows
+// padded to sq_pad: always in bounds, 256-byte aligned) by bulk copy onto the stage's `full`
+// barrier (whose expected bytes the caller set).
+template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
+__device__ __forceinline__ void bwd_load_kv(TmaK const& tma_k, TmaK const& tma_v, MK const& mK,
+                                            MK const& mV, SK& sK, SK& sV, Storage& ss, int hk,
+                                            int b, int n) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+  Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+  auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                  group_modes<0, 2>(gK));
+  auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                  group_modes<0, 2>(gV));
+  Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+  copy(tma_k.with(ss.kv_full), tKg, tKs);
+  copy(tma_v.with(ss.kv_full), tVg, tVs);
+}
+template <int Bm, class Storage>
+__device__ __forceinline__ void bwd_load_rowstats(BwdArgs const& a, Storage& ss, int b, int h,
+                                                  int m, int stage) {
+  const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
+                           Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
+                           Bm * (int)sizeof(float));
 }
 
 // Turn of consumer warpgroup wg to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup
