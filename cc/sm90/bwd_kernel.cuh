@@ -223,12 +223,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             while (have) {
               Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
               const int h = hk * a.heads_per_kv + g;
-              Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-              Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-              auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                              group_modes<0, 2>(gQ));
-              auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
-                                                group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+              auto [tQg, tQs, tdOg, tdOs] =
+                  bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
               Barrier::arrive_and_expect_tx(&ss.full[stage],
                                             2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
               copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
@@ -279,12 +275,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           while (have) {
             Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
             const int h = hk * a.heads_per_kv + g;
-            Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-            Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-            auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                            group_modes<0, 2>(gQ));
-            auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
-                                              group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+            auto [tQg, tQs, tdOg, tdOs] =
+                bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
             // lock-step: the next kept tile first, so that this one's slot says if it is the last
             int gn = g, mn = m;
             bool pn = false, more = false;

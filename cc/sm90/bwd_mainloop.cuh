@@ -1,8 +1,8 @@
 // Building blocks of the backward main loops: the producer lane's K / V and row-statistics loads,
 // the consumers' GEMM turns (ping-pong), P^T (exp) and P / dS from S and dP, the dV / dK GEMMs of
 // a ping-pong tile, the dQ tile's hand-off to the writer warp, and the dS tile's stores to shared
-// memory (32-bit shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh /
-// bwd_d256_kernel.cuh.
+// memory (32-bit shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves
+// (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh / bwd_d256_kernel.cuh.
 // Contract: the SmemLayoutdS of traits.h (K-major, 128B swizzle), bit for bit as a CuTe store.
 // Synchronization: the caller fences the generic-proxy stores of store_ds_tile* before the GEMMs
 //   read them; bwd_dkv_pingpong and bwd_put_dq arrive on the barriers named at each.
@@ -90,6 +90,20 @@ __device__ __forceinline__ void bwd_load_kv(TmaK const& tma_k, TmaK const& tma_v
   copy(tma_k.with(ss.kv_full), tKg, tKs);
   copy(tma_v.with(ss.kv_full), tVg, tVs);
 }
+// TMA views of query head h's Q and dO (batch b): the global tiles (mode 1: tile index) and the
+// ring's stages, as (tQg, tQs, tdOg, tdOs) for the producer lane's copies.
+template <int Bm, int D, class TmaQ, class MQ, class SQ>
+__device__ __forceinline__ auto bwd_q_do_views(TmaQ const& tma_q, TmaQ const& tma_do,
+                                               MQ const& mQ, MQ const& mdO, SQ& sQ, SQ& sdO,
+                                               int h, int b) {
+  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+  Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+  auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                  group_modes<0, 2>(gQ));
+  auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO),
+                                    group_modes<0, 2>(gdO));
+  return cute::make_tuple(tQg, tQs, tdOg, tdOs);
+}
 template <int Bm, class Storage>
 __device__ __forceinline__ void bwd_load_rowstats(BwdArgs const& a, Storage& ss, int b, int h,
                                                   int m, int stage) {
@@ -114,8 +128,9 @@ __device__ __forceinline__ void bwd_turn_end(int wg, bool last) {
 
 // P^T = exp2(S^T * scale * log2(e) - lse2) in place, zero where masked: kMasked tests the key
 // column's mask bits (cmask, bit 2 kk + j per query), kElemTest the column bounds on a partial tile
-// (lts / lte / uts / ute of the thread's two key columns, koob: column >= Sk); neither: no mask arithmetic. l2s = the tile's lse2 row statistics in smem,
-// ms = the tile's first query, col_b = the thread's first query column, sl2 = scale * log2(e).
+// (lts / lte / uts / ute of the thread's two key columns, koob: column >= Sk); neither: no mask
+// arithmetic. l2s = the tile's lse2 row statistics in smem, ms = the tile's first query, col_b =
+// the thread's first query column, sl2 = scale * log2(e).
 template <int Bm, bool kMasked, bool kElemTest, class FragC>
 __device__ __forceinline__ void bwd_exp_tile(FragC& tSrS, const float* l2s, int col_b, float sl2,
                                              int ms, bool partial, const uint32_t (&cmask)[2],
