@@ -102,7 +102,9 @@ struct BwdSingleTileScheduler {
 struct BwdPersistentScheduler {
   static constexpr bool kPersistent = true;
   template <class T>
-  static __device__ __forceinline__ int4 first_item(const BwdArgs&) { return make_int4(0, 0, 0, 0); }
+  static __device__ __forceinline__ int4 first_item(const BwdArgs&) {
+    return make_int4(0, 0, 0, 0);
+  }
   static __device__ __forceinline__ BwdItemSlot item_view(const volatile int* slot, int, int, int) {
     return BwdItemSlot{slot};
   }
