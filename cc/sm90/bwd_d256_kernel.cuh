@@ -116,25 +116,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
         Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
         Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-        auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                        group_modes<0, 2>(gK));
-        auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                        group_modes<0, 2>(gV));
-        Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-        copy(tma_k.with(ss.kv_full), tKg, tKs);
-        copy(tma_v.with(ss.kv_full), tVg, tVs);
+        bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
         int stage = 0, phase = 0;
         while (have) {
           Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
           const int h = hk * a.heads_per_kv + g;
-          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-          auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                          group_modes<0, 2>(gQ));
-          auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
-                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          auto [tQg, tQs, tdOg, tdOs] =
+              bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
           Barrier::arrive_and_expect_tx(&ss.full[stage],
                                         2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
           copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
@@ -280,23 +268,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     warpgroup_wait<decltype(wait_s)::value>();
     warpgroup_fence_operand(tSrS);
-    CUTE_UNROLL
-    for (int kk = 0; kk < T::kQCols / 8; ++kk) {
-      const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk);
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        CUTE_UNROLL
-        for (int j = 0; j < 2; ++j) {
-          const int e = 4 * kk + 2 * i + j;
-          float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
-          if (partial) {
-            const int q = q0 + 8 * kk + j;
-            const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
-            if (masked) p = 0.f;
-          }
-          tSrS(e) = p;
-        }
-      }
+    {
+      const uint32_t cmask[2] = {0u, 0u};  // no mask bits: the element test
+      bwd_exp_tile<T::kQCols, false, true>(tSrS, l2s, 0, sl2, q0, partial, cmask, lts, lte, uts,
+                                           ute, koob);
     }
     warpgroup_wait<decltype(wait_dp)::value>();
     warpgroup_fence_operand(tSrdP);

@@ -1,6 +1,7 @@
 // FlashMask-3 backward for Hopper (sm_90a), d = 64 / 128: column parallel, one CTA per (key block
-// of Bn = 128 keys, kv head, batch) -- flashmask_bwd_pp_kernel -- or a persistent grid over those
-// items -- flashmask_bwd_persist_kernel --, two consumer warpgroups (64 keys each). The CTA walks
+// of Bn = 128 keys, kv head, batch) -- the "pp" kernel, BwdSingleTileScheduler -- or a persistent
+// grid over those items -- BwdPersistentScheduler --: one body, flashmask_bwd_kernel<T, Sched>, two
+// consumer warpgroups (64 keys each). The CTA walks
 // the query heads of its GQA group and, for each, the Bm-row query tiles that the block metadata
 // does not skip (element mask only on partial tiles). Q and dO tiles come by TMA into a 2-stage
 // ring; K and V are loaded once. Per tile, all on WGMMA:
@@ -15,7 +16,8 @@
 // Synchronization: Q / dO ring full / empty, dS and dQ buffers (mbarriers), named barriers for
 //   the consumers' GEMM turns (ping-pong) or their shared dS barrier (lock-step); persistent grid:
 //   the item-id ring and the K / V release.
-// Knobs: the traits (traits.h): Persist, Bm (64 / 80 / 128), kMaskRegs, kLockstep, kDetGroups.
+// Knobs: the traits (traits.h): Persist, Bm (64 / 80 / 128), kMaskRegs, kLockstep, kDetGroups;
+//   the scheduler type (tile_scheduler.cuh), which follows Persist.
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
 #pragma once
@@ -35,7 +37,7 @@ namespace jfm::sm90 {
 
 using namespace cute;
 
-// flashmask_bwd_pp_kernel: warp specialized, one CTA per work item. 384 threads: warpgroup 0 = producer
+// BwdSingleTileScheduler: warp specialized, one CTA per work item. 384 threads: warpgroup 0 = producer
 // (setmaxnreg 24), warpgroups 1-2 = two consumer warpgroups of 64 keys each (setmaxnreg 240):
 //   warp 0 (one lane): K/V once, then Q/dO (+ the tile's row statistics lse2 and D, by bulk copy
 //     on the same `full` barrier) of every kept tile into the 2-stage ring; a stage is refilled
@@ -57,25 +59,58 @@ using namespace cute;
 //    of the first tile), one per tile, one after (the last tile's dQ GEMM), the same count in both
 //    warpgroups; warpgroup 1 pre-arrives once so that warpgroup 0 goes first and skips its last
 //    arrive, so every named-barrier phase is matched.
-
-template <class T, class TmaQ, class TmaK>
+// BwdPersistentScheduler: the same body on a persistent grid (num_SMs - sm_margin
+// CTAs, at most one per work item). A work item is one (key block n, kv head hk, batch b), i.e.
+// one CTA of the pp kernel. Item ids come from BwdArgs::sched: sched[0] is a global counter (zeroed by
+// bwd_sched_sm90 in the same stream before the launch), sched[4 + r] the key block of rank r
+// (bwd_sched_sm90: key blocks by descending query-tile count summed over batch and mask heads,
+// ties ascending; descending key block in deterministic mode). Item i -> (section of
+// a.sec_heads (b, hk) heads sized so that its Q + dO fit in about half the L2, rank r within the
+// section, head within the section): bwd_decode_item. Every item id, a CTA's first one included,
+// is atomicAdd(counter, 1).
+//  * The producer's TMA lane fetches the next id as soon as it has issued the last Q/dO load of
+//    the current item and publishes it in a 2-slot smem ring (sched_full: 1 arrival, sched_empty:
+//    256 consumer threads after the item's epilogue, as they read the item's (n, hk, b) from
+//    the slot at each use instead of keeping them in registers, + the dQ-writer warp's lane 0
+//    on reading it). It then waits kv_empty (all 256
+//    consumer threads past their last dQ GEMM of the item: the last reader of sK / sV) and
+//    loads the next K/V, so the next item's K/V and first Q/dO tiles load under the current
+//    item's dK/dV epilogue.
+//  * Tile-indexed barriers (full/empty, ds_full/ds_empty, dq_full/dq_empty) and their parities
+//    run on a tile count that continues across items (consumers: tg + local tile, tg kept mod 4
+//    in a packed state register with the slot / kv parities; producer and
+//    writer: their stage / buffer counters never reset). The last section of an item also
+//    arrives on ds_empty (the pp kernel skips it: it ends there), so every use of a buffer
+//    completes exactly one phase.
+//  * The named-barrier turn-taking is balanced per item (warpgroup 1 pre-arrives, warpgroup 0
+//    skips its last arrive), so it simply repeats.
+//  * Deterministic mode: the dQ-writer warp marks the item's skipped tiles at item start, then
+//    adds dQ in the ordered way of the pp kernel. Deadlock-free: items are handed out in increasing
+//    id, and an item only waits for items of the same (b, head) with a larger key block, which
+//    have smaller ids (descending key block within each section). The smallest unfinished id is
+//    held by a running CTA whose earlier items are all done, and everything it waits for has a
+//    smaller id, so it always progresses (no co-residency assumption needed).
+template <class T, class Sched, class TmaQ, class TmaK>
 __global__ void __launch_bounds__(T::kThreads, 1)
-    flashmask_bwd_pp_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
-                            CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
-                            CUTE_GRID_CONSTANT TmaK const tma_v) {
+    flashmask_bwd_kernel(CUTE_GRID_CONSTANT BwdArgs const a, CUTE_GRID_CONSTANT TmaQ const tma_q,
+                         CUTE_GRID_CONSTANT TmaQ const tma_do, CUTE_GRID_CONSTANT TmaK const tma_k,
+                         CUTE_GRID_CONSTANT TmaK const tma_v) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Elem = typename T::Elem;
   constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert((T::kDqBufs == 2 || (T::kDqBufs == 1 && T::kLockstep)) && T::kDsBufs == 2 && S == 2,
+  constexpr bool kPersist = Sched::kPersistent;
+  static_assert(kPersist == T::kPersist, "the traits' storage is the scheduler's");
+  static_assert((T::kDqBufs == 2 || (T::kDqBufs == 1 && T::kLockstep && !kPersist)) &&
+                    T::kDsBufs == 2 && S == 2,
                 "PP layout");
   constexpr int kConsumers = 128 * T::NWG;
 
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int4 item = bwd_pp_item<T>(a);
+  const int4 item = Sched::template first_item<T>(a);  // persistent: none, see `cs`
   const int n = item.x, hk = item.y, b = item.z, slot = item.w;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -101,8 +136,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         Barrier::init(&ss.x.ds_full[s], kConsumers);
         Barrier::init(&ss.x.ds_empty[s], kConsumers);
       }
+      if constexpr (kPersist) {
+        Barrier::init(&ss.x.sched_full[s], 1);
+        Barrier::init(&ss.x.sched_empty[s], kConsumers + 1);
+      }
     }
     Barrier::init(&ss.kv_full, 1);
+    if constexpr (kPersist) Barrier::init(&ss.x.kv_empty, kConsumers);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -112,7 +152,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
 
-  // The tile walk (the lock-step consumers read it from the TMA lane, the others walk it too):
+  // The tile walk of the single-tile scheduler (the lock-step consumers read it from the TMA
+  // lane, the others walk it too):
   // ascending, or (80-row tiles) clocked from tile `rot` = ss.walk_start
   // >= 0. A clocked walk keeps every tile, so bwd_find_kept gives (g, m) back with its partial
   // flag, or false past the last head.
@@ -120,7 +161,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (kRot) rot = ss.walk_start;
   int g = 0, m = max(rot, 0);
   bool partial = false;
-  bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  bool have = false;  // persistent: per item (the producer warps keep their own)
+  if constexpr (!kPersist) have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   auto next_kept = [&](int& g_, int& m_, bool& partial_) {
     ++m_;
     if (kRot && rot >= 0) {
@@ -139,95 +181,150 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
     const int warp = tid / 32;
-    if (warp == 0) {
-      if (lane == 0 && have) {
-        // only clocked walks advance the clock: the phase it measures is theirs
-        const bool on_clock = kRot && rot >= 0;
-        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-        auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                        group_modes<0, 2>(gK));
-        auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                        group_modes<0, 2>(gV));
-        Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-        copy(tma_k.with(ss.kv_full), tKg, tKs);
-        copy(tma_v.with(ss.kv_full), tVg, tVs);
-        int stage = 0, phase = 0;
-        while (have) {
-          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
-          const int h = hk * a.heads_per_kv + g;
-          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-          auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                          group_modes<0, 2>(gQ));
-          auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
-                                            group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-          // lock-step: the next kept tile first, so that this one's slot says if it is the last
-          int gn = g, mn = m;
-          bool pn = false, more = false;
-          if constexpr (T::kLockstep) {
-            more = next_kept(gn, mn, pn);
-            const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
-            asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
-                             cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
-                         : "memory");
-          }
-          Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                        2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-          if constexpr (kRot) {
-            if (on_clock) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
-          }
-          copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-          copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-          // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
-          const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-          SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
-                                   Bm * (int)sizeof(float));
-          SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
-                                   Bm * (int)sizeof(float));
-          if (++stage == S) { stage = 0; phase ^= 1; }
-          if constexpr (T::kLockstep) {
-            g = gn;
-            m = mn;
-            partial = pn;
-            have = more;
-          } else {
-            have = next_kept(g, m, partial);
+    if constexpr (kPersist) {
+      // dQ-writer side of the item ring: id of item `it` (called once per item, in order; the
+      // consumers read the slot directly, see `cs` below).
+      auto next_item = [&](int it) {
+        const int s = it & 1;
+        pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
+        return *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
+      };
+      if (warp == 0) {
+        if (lane == 0) {
+          Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+          Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+          Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+          Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+          int stage = 0, phase = 0, kvu = 0;
+          for (int it = 0;; ++it) {
+            const int s = it & 1;
+            Barrier::wait(&ss.x.sched_empty[s], ((it >> 1) & 1) ^ 1);  // slot read by all readers
+            // every id, the first included, from the counter: ids go out in increasing order and
+            // only to running CTAs (the deterministic mode's deadlock argument needs both)
+            const int item = atomicAdd(a.sched, 1);
+            BwdItem w{0, 0, 0};
+            if (item < a.items_total) w = bwd_decode_item(a, item);
+            volatile int* slot = &ss.x.item[s][0];
+            slot[0] = item;
+            slot[1] = w.n;
+            slot[2] = w.hk;
+            slot[3] = w.b;
+            pp_arrive(&ss.x.sched_full[s]);  // release: the slot stores are visible to the waiters
+            if (item >= a.items_total) break;
+            const int n = w.n, hk = w.hk, b = w.b;
+            int g = 0, m = 0;
+            bool partial = false;
+            bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+            if (!have) continue;
+            // K / V of the previous item fully read (last dQ GEMM done in both warpgroups)
+            if (kvu > 0) Barrier::wait(&ss.x.kv_empty, (kvu - 1) & 1);
+            ++kvu;
+            bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+            while (have) {
+              Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
+              const int h = hk * a.heads_per_kv + g;
+              auto [tQg, tQs, tdOg, tdOs] =
+                  bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
+              Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                            2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+              copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+              copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+              bwd_load_rowstats<Bm>(a, ss, b, h, m, stage);
+              if (++stage == S) { stage = 0; phase ^= 1; }
+              ++m;
+              have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+            }
           }
         }
-      }
-    } else if (warp == 1) {
-      if (a.dq_bulk) {  // dQ writer
+      } else if (warp == 1) {
+        // dQ writer (as the pp kernel's) + deterministic skip marks, item by item; lane 0 releases the slot
         int buf = 0, phase = 0;
-        // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
-        // long before the first dQ tile: the CTAs it waits for were launched before this one)
-        if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
-        while (have) {
-          const int h = hk * a.heads_per_kv + g;
-          const int64_t base = bwd_sem_word(a, b, h, m);
-          const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
-          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
-          Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
-          if (lane == 0) {
-            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
-                                 &ss.dq_empty[buf]);
-          }
+        for (int it = 0;; ++it) {
+          const int item = next_item(it);
           __syncwarp();
-          if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
-          have = next_kept(g, m, partial);
+          if (lane == 0) pp_arrive(&ss.x.sched_empty[it & 1]);
+          if (item >= a.items_total) break;
+          const BwdItem w = bwd_decode_item(a, item);
+          const int n = w.n, hk = w.hk, b = w.b;
+          if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, n, lane);
+          if (!a.dq_bulk) continue;
+          int g = 0, m = 0;
+          bool partial = false;
+          bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          while (have) {
+            const int h = hk * a.heads_per_kv + g;
+            bwd_write_dq_tile<Bm, D>(a, ss, b, h, m, n, lane, buf, phase);
+            if (++buf == 2) { buf = 0; phase ^= 1; }
+            ++m;
+            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          }
         }
         if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
-    } else if (warp == 2) {
-      if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
-    } else if (a.zero_count != nullptr) {  // warp 3
-      bwd_zero_next_unit<D>(a, bwd_zero_unit<T>(a), lane);
+    } else {
+      if (warp == 0) {
+        if (lane == 0 && have) {
+          // only clocked walks advance the clock: the phase it measures is theirs
+          const bool on_clock = kRot && rot >= 0;
+          Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+          Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+          Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+          Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+          int stage = 0, phase = 0;
+          while (have) {
+            Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
+            const int h = hk * a.heads_per_kv + g;
+            auto [tQg, tQs, tdOg, tdOs] =
+                bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
+            // lock-step: the next kept tile first, so that this one's slot says if it is the last
+            int gn = g, mn = m;
+            bool pn = false, more = false;
+            if constexpr (T::kLockstep) {
+              more = next_kept(gn, mn, pn);
+              const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
+              asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
+                               cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
+                           : "memory");
+            }
+            Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                          2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+            if constexpr (kRot) {
+              if (on_clock) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
+            }
+            copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+            copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+            bwd_load_rowstats<Bm>(a, ss, b, h, m, stage);
+            if (++stage == S) { stage = 0; phase ^= 1; }
+            if constexpr (T::kLockstep) {
+              g = gn;
+              m = mn;
+              partial = pn;
+              have = more;
+            } else {
+              have = next_kept(g, m, partial);
+            }
+          }
+        }
+      } else if (warp == 1) {
+        if (a.dq_bulk) {  // dQ writer
+          int buf = 0, phase = 0;
+          // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
+          // long before the first dQ tile: the CTAs it waits for were launched before this one)
+          if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
+          while (have) {
+            const int h = hk * a.heads_per_kv + g;
+            bwd_write_dq_tile<Bm, D>(a, ss, b, h, m, slot, lane, buf, phase);
+            if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
+            have = next_kept(g, m, partial);
+          }
+          if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        }
+      } else if (warp == 2) {
+        if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
+      } else if (a.zero_count != nullptr) {  // warp 3
+        bwd_zero_next_unit<D>(a, bwd_zero_unit<T>(a), lane);
+      }
     }
     return;
   }
@@ -274,741 +371,288 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int col_base = 2 * (lane % 4);
   const bool dq_store = T::kDqWG == T::NWG || wg == 0;
 
-  clear(tdVrdV);
-  clear(tdKrdK);
+  if constexpr (!kPersist) {
+    clear(tdVrdV);
+    clear(tdKrdK);
+  }
   const float sl2 = a.scale_log2;
-  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;
+  const int key0 = n * Bn + 64 * wg + row_base, key1 = key0 + 8;  // single tile, kMaskRegs
   // T::kMaskRegs: LTS, LTE, UTS, UTE of key columns key0 / key1 for query head
   // g_bnd (-1: none loaded yet); a key column >= Sk holds [INT_MIN, INT_MAX): every row masked.
   int cbnd[2][4];
   int g_bnd = -1;
 
-  // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
-  auto turn_begin = [&]() {
-    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
-  };
-  auto turn_end = [&](bool last) {
-    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  // GEMM turns and the dQ hand-off as lambdas, so that they inline where the kernel's own code does
+  auto turn_begin = [&]() { bwd_turn_begin(wg); };
+  auto turn_end = [&](bool last) { bwd_turn_end(wg, last); };
+  auto put_dq = [&](int buf, int par, int64_t off) {
+    bwd_put_dq<T>(a, ss, tdQrdQ, ctid, dq_store, buf, par, off);
   };
   auto sdp_gemms = [&](int st) {
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
     wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
   };
-  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
-  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
-  auto put_dq = [&](int buf, int par, int64_t off) {
-    int ctid_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
-                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
-      if (dq_store) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-        }
-      }
-      pp_fence_async_smem();
-      pp_arrive(&ss.dq_full[buf]);
-    } else if (dq_store) {
-      float* dqa = a.dq_accum + off;
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
-    }
-  };
 
-  if (have) {
-    pp_wait(&ss.kv_full, 0);
-    if constexpr (!T::kLockstep) {
-      if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
-    }
-    // Tile t uses Q/dO stage, dS buffer and dQ buffer t % 2, with parity (t / 2) % 2. No wgmma
-    // group is in flight across the loop's back edge (ptxas would serialize them).
-    int t = 0;
-    int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
-    while (true) {
-      const int st = t & 1, par = (t >> 1) & 1;
-      // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t (lock-step: S/dP only, no
-      // turn)
-      if constexpr (!T::kLockstep) {
-        turn_begin();
-        if (t >= 2) {
-          // both warpgroups stored their dS of tile t-2 before their previous section
-          pp_wait(&ss.x.ds_full[st], par ^ 1);
-          wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-          const int64_t off = (int64_t)lin2 * (Bm * D);
-          pp_arrive(&ss.x.ds_empty[st]);
-          put_dq(st, par ^ 1, off);
-        }
-      }
-      pp_wait(&ss.full[st], par);
-      bool last = false;
-      if constexpr (T::kLockstep) {  // this tile's (m, g, partial, last) from the TMA lane
-        int im, ig;
-        asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n"
-                     : "=r"(im), "=r"(ig)
-                     : "r"(cute::cast_smem_ptr_to_uint(&tinfo[st]))
-                     : "memory");
-        m = im;
-        g = ig & 0x3fffffff;
-        partial = (ig >> 30) & 1;
-        last = ig < 0;
-      }
-      sdp_gemms(st);
-      if constexpr (!T::kLockstep) turn_end(false);
-
-      // ---- math of tile t (under the other warpgroup's section)
-      int row_b, col_b, wg_b;
-      asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
-      asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
-      asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
-      const int h = hk * a.heads_per_kv + g;
-      const int ms = m * Bm;
-      const float* l2s = &ss.x.rs[st][0][0];
-      const float* dls = &ss.x.rs[st][1][0];
-
-      int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
-      bool koob[2] = {false, false};
-      if (!T::kMaskRegs && partial) {
-        const int hm = h / a.heads_per_mask;
-        const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          const int j = i == 0 ? key0 : key1;
-          koob[i] = j >= a.Sk;
-          if (!koob[i]) {
-            lts[i] = __ldg(bnd + j);
-            lte[i] = __ldg(bnd + a.Sk + j);
-            uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
-            ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
-          }
-        }
-      }
-      uint32_t cmask[2] = {0u, 0u};  // kMaskRegs: element bits of the two key columns
-      if constexpr (T::kMaskRegs) {
-        if (partial) {
-          // 80-row tiles: reloaded on every partial tile (8 loads under the S / dP GEMMs), so that
-          // the bounds are not live across the loop (9 registers it does not have at Bm = 80)
-          if (T::kDqTrans || g != g_bnd) {  // first partial tile of this query head: its mask head's bounds
-            g_bnd = g;
-            const int hm = h / a.heads_per_mask;
-            const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-            CUTE_UNROLL
-            for (int i = 0; i < 2; ++i) {
-              const int j = i == 0 ? key0 : key1;
-              const bool in = j < a.Sk;
-              const int jj = in ? j : 0;
-              CUTE_UNROLL
-              for (int c = 0; c < 4; ++c) {
-                const int v = __ldg(bnd + c * (int64_t)a.Sk + jj);
-                cbnd[i][c] = in ? v : (c == 0 ? INT_MIN : c == 1 ? INT_MAX : 0);
-              }
-            }
-          }
-          // under the S / dP GEMMs (before their wait)
-          CUTE_UNROLL
-          for (int i = 0; i < 2; ++i)
-            cmask[i] = bwd_col_mask<Bm>(cbnd[i][0], cbnd[i][1], cbnd[i][2], cbnd[i][3], ms + col_b);
-        }
-      }
-
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(tSrS);
-      // P^T = exp2(S^T * scale * log2(e) - lse2), zero where masked. kMaskRegs: one loop
-      // per case (no per-element test of `partial`), the masked one tests one bit per element.
-      auto exp_tile = [&](auto masked_c) {
-        constexpr bool kMasked = decltype(masked_c)::value;
-        CUTE_UNROLL
-        for (int kk = 0; kk < Bm / 8; ++kk) {
-          const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
-          CUTE_UNROLL
-          for (int i = 0; i < 2; ++i) {
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              const int e = 4 * kk + 2 * i + j;
-              float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
-              if constexpr (kMasked) {
-                if (cmask[i] & (1u << (2 * kk + j))) p = 0.f;
-              } else if constexpr (!T::kMaskRegs) {
-                if (partial) {
-                  const int q = ms + 8 * kk + col_b + j;
-                  const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
-                  if (masked) p = 0.f;
-                }
-              }
-              tSrS(e) = p;
-            }
-          }
-        }
-      };
-      if constexpr (T::kMaskRegs) {
-        if (partial) exp_tile(std::true_type{});
-        else exp_tile(std::false_type{});
-      } else {
-        exp_tile(std::false_type{});
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrdP);
-      CUTE_UNROLL
-      for (int kk = 0; kk < Bm / 8; ++kk) {
-        const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const int e = 4 * kk + 2 * i + j;
-            const float p = tSrS(e);
-            const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
-            tPrP(e) = static_cast<Elem>(p);
-            tPrdS(e) = static_cast<Elem>(ds);
-          }
-        }
-      }
-      if constexpr (!T::kLockstep) {
-        wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-        // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
-        pp_wait(&ss.x.ds_empty[st], par ^ 1);
-        store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
-        pp_fence_async_smem();
-        pp_arrive(&ss.x.ds_full[st]);
-        wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tdKrdK);
-        warpgroup_fence_operand(tPrP);
-        warpgroup_fence_operand(tPrdS);
-        pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-        lin2 = lin1;
-        lin1 = (b * a.N + h) * a.mblk + m;
-
-        ++m;
-        have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-        if (!have) break;
-        ++t;
-      } else {
-        // Lock-step: dV, dQ and dK of tile t issued back to back, one group in flight
-        // behind each wait. dS buffer st was last read by the dQ GEMMs of tile t-2, which both
-        // warpgroups retired (wait<1> below) before they reached the dS barrier of tile t-1.
-        wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-        if constexpr (T::kDqTrans) store_ds_tile_stsm<Elem>(sdS, tPrdS, 64 * wg_b + (row_b & ~15), lane, st);
-        else store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
-        pp_fence_async_smem();
-        asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
-        if constexpr (T::kDqTrans) {
-          // kDqTrans: dV retired before the dQ GEMM is issued, so that P's 20 registers are
-          // free while the dQ accumulator (40) and dS (20) are in flight: 188 + the rest, not 208.
-          // Waited after the barrier (s12): the barrier's wait runs under this warpgroup's dV
-          // GEMM, and each warpgroup issues its dQ GEMM as soon as its own dV is done instead of
-          // after the other warpgroup's (before s12: wait, then barrier)
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tdVrdV);
-          warpgroup_fence_operand(tPrP);
-        }
-        if constexpr (T::kDqTrans) wgmma_gemm<true, -1, false>(mma_dq, tdQrK, tdQrdS(_, _, _, st), tdQrdQ);
-        else wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        if constexpr (!T::kDqTrans) {
-          warpgroup_wait<1>();  // dV retired: P's registers are free
-          warpgroup_fence_operand(tdVrdV);
-          warpgroup_fence_operand(tPrP);
-        }
-        wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-        warpgroup_wait<1>();  // dQ retired (dK in flight)
-        warpgroup_fence_operand(tdQrdQ);
-        // one dQ buffer (80-row tiles): tile t is its use t (parity t % 2)
-        put_dq(T::kDqBufs == 2 ? st : 0, T::kDqBufs == 2 ? par : (t & 1),
-               ((int64_t)(b * a.N + h) * a.mblk + m) * (Bm * D));
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdKrdK);
-        warpgroup_fence_operand(tPrdS);
-        pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-        if (last) break;
-        ++t;
-      }
-    }
-    if constexpr (!T::kLockstep) {
-      // ---- last section: dQ GEMMs of tiles t-1 and t
-      turn_begin();
-      CUTE_UNROLL
-      for (int u = 1; u >= 0; --u) {
-        const int tu = t - u;
-        if (tu >= 0) {
-          const int st = tu & 1, par = (tu >> 1) & 1;
-          pp_wait(&ss.x.ds_full[st], par);
-          wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-          put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
-        }
-      }
-      turn_end(true);
-    }
-  }
-
-  // dK / dV through shared memory (bwd_stage_rows): sK / sV are free once both warpgroups have
-  // retired their last GEMMs (each waited for its own; the dQ GEMM of either reads all of sK)
-  asm volatile("bar.sync 3, 256;\n" ::: "memory");
-  const int k0w = 64 * wg + (row_base & ~15);  // this warp's first key row
-  bwd_stage_rows<Elem, D>(ss.k.begin(), tdKrdK, a.scale, k0w, lane);
-  bwd_stage_rows<Elem, D>(ss.v.begin(), tdVrdV, 1.f, k0w, lane);
-  // each warpgroup reads back only its own 64 rows
-  if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-  else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-  const int64_t row0 = ((int64_t)b * a.Sk + n * Bn + 64 * wg) * a.K + hk;  // (key, kv head) row
-  const int rows = min(64, a.Sk - (n * Bn + 64 * wg));
-  bwd_rows_to_global<Elem, D>(reinterpret_cast<Elem*>(a.dk), ss.k.begin(), row0, a.K, rows,
-                              64 * wg, ctid % 128);
-  bwd_rows_to_global<Elem, D>(reinterpret_cast<Elem*>(a.dv), ss.v.begin(), row0, a.K, rows,
-                              64 * wg, ctid % 128);
-#endif
-}
-
-
-// ---------------------------------------------------------------------------------------------
-// flashmask_bwd_persist_kernel: the pp kernel's body on a persistent grid (num_SMs - sm_margin
-// CTAs, at most one per work item). A work item is one (key block n, kv head hk, batch b), i.e.
-// one CTA of the pp kernel. Item ids come from BwdArgs::sched: sched[0] is a global counter (zeroed by
-// bwd_sched_sm90 in the same stream before the launch), sched[4 + r] the key block of rank r
-// (bwd_sched_sm90: key blocks by descending query-tile count summed over batch and mask heads,
-// ties ascending; descending key block in deterministic mode). Item i -> (section of
-// a.sec_heads (b, hk) heads sized so that its Q + dO fit in about half the L2, rank r within the
-// section, head within the section): bwd_decode_item. Every item id, a CTA's first one included,
-// is atomicAdd(counter, 1).
-//  * The producer's TMA lane fetches the next id as soon as it has issued the last Q/dO load of
-//    the current item and publishes it in a 2-slot smem ring (sched_full: 1 arrival, sched_empty:
-//    256 consumer threads after the item's epilogue, as they read the item's (n, hk, b) from
-//    the slot at each use instead of keeping them in registers, + the dQ-writer warp's lane 0
-//    on reading it). It then waits kv_empty (all 256
-//    consumer threads past their last dQ GEMM of the item: the last reader of sK / sV) and
-//    loads the next K/V, so the next item's K/V and first Q/dO tiles load under the current
-//    item's dK/dV epilogue.
-//  * Tile-indexed barriers (full/empty, ds_full/ds_empty, dq_full/dq_empty) and their parities
-//    run on a tile count that continues across items (consumers: tg + local tile, tg kept mod 4
-//    in a packed state register with the slot / kv parities; producer and
-//    writer: their stage / buffer counters never reset). The last section of an item also
-//    arrives on ds_empty (the pp kernel skips it: it ends there), so every use of a buffer
-//    completes exactly one phase.
-//  * The named-barrier turn-taking is balanced per item (warpgroup 1 pre-arrives, warpgroup 0
-//    skips its last arrive), so it simply repeats.
-//  * Deterministic mode: the dQ-writer warp marks the item's skipped tiles at item start, then
-//    adds dQ in the ordered way of the pp kernel. Deadlock-free: items are handed out in increasing
-//    id, and an item only waits for items of the same (b, head) with a larger key block, which
-//    have smaller ids (descending key block within each section). The smallest unfinished id is
-//    held by a running CTA whose earlier items are all done, and everything it waits for has a
-//    smaller id, so it always progresses (no co-residency assumption needed).
-template <class T, class TmaQ, class TmaK>
-__global__ void __launch_bounds__(T::kThreads, 1)
-    flashmask_bwd_persist_kernel(CUTE_GRID_CONSTANT BwdArgs const a,
-                                 CUTE_GRID_CONSTANT TmaQ const tma_q,
-                                 CUTE_GRID_CONSTANT TmaQ const tma_do,
-                                 CUTE_GRID_CONSTANT TmaK const tma_k,
-                                 CUTE_GRID_CONSTANT TmaK const tma_v) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-  using Elem = typename T::Elem;
-  constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, S = T::Stages;
-  using Storage = typename T::SharedStorage;
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert(T::kPersist && T::kDqBufs == 2 && T::kDsBufs == 2 && S == 2,
-                "PP layout");
-  constexpr int kConsumers = 128 * T::NWG;
-
-  extern __shared__ __align__(1024) char smem_raw[];
-  Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
-
-  const int tid = threadIdx.x;
-  const int lane = tid % 32;
-
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      Barrier::init(&ss.full[s], 1);
-      Barrier::init(&ss.empty[s], kConsumers);
-      Barrier::init(&ss.dq_full[s], kConsumers);
-      Barrier::init(&ss.dq_empty[s], 1);
-      Barrier::init(&ss.x.ds_full[s], kConsumers);
-      Barrier::init(&ss.x.ds_empty[s], kConsumers);
-      Barrier::init(&ss.x.sched_full[s], 1);
-      Barrier::init(&ss.x.sched_empty[s], kConsumers + 1);
-    }
-    Barrier::init(&ss.kv_full, 1);
-    Barrier::init(&ss.x.kv_empty, kConsumers);
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
-
-  // dQ-writer side of the item ring: id of item `it` (called once per item, in order; the
-  // consumers read the slot directly, see `cs` below).
-  auto next_item = [&](int it) {
-    const int s = it & 1;
-    pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
-    return *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
-  };
-
-  if (tid < 128) {  // ---------------------------------------------------------- producer
-    cutlass::arch::warpgroup_reg_dealloc<24>();
-    const int warp = tid / 32;
-    if (warp == 0) {
-      if (lane == 0) {
-        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        int stage = 0, phase = 0, kvu = 0;
-        for (int it = 0;; ++it) {
-          const int s = it & 1;
-          Barrier::wait(&ss.x.sched_empty[s], ((it >> 1) & 1) ^ 1);  // slot read by all readers
-          // every id, the first included, from the counter: ids go out in increasing order and
-          // only to running CTAs (the deterministic mode's deadlock argument needs both)
-          const int item = atomicAdd(a.sched, 1);
-          BwdItem w{0, 0, 0};
-          if (item < a.items_total) w = bwd_decode_item(a, item);
-          volatile int* slot = &ss.x.item[s][0];
-          slot[0] = item;
-          slot[1] = w.n;
-          slot[2] = w.hk;
-          slot[3] = w.b;
-          pp_arrive(&ss.x.sched_full[s]);  // release: the slot stores are visible to the waiters
-          if (item >= a.items_total) break;
-          const int n = w.n, hk = w.hk, b = w.b;
-          int g = 0, m = 0;
-          bool partial = false;
-          bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-          if (!have) continue;
-          // K / V of the previous item fully read (last dQ GEMM done in both warpgroups)
-          if (kvu > 0) Barrier::wait(&ss.x.kv_empty, (kvu - 1) & 1);
-          ++kvu;
-          Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-          Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-          auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                          group_modes<0, 2>(gK));
-          auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                          group_modes<0, 2>(gV));
-          Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-          copy(tma_k.with(ss.kv_full), tKg, tKs);
-          copy(tma_v.with(ss.kv_full), tVg, tVs);
-          while (have) {
-            Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
-            const int h = hk * a.heads_per_kv + g;
-            Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-            Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
-            auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                            group_modes<0, 2>(gQ));
-            auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{},
-                                              group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-            Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                          2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-            copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-            copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-            const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-            SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
-                                     Bm * (int)sizeof(float));
-            SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
-                                     Bm * (int)sizeof(float));
-            if (++stage == S) { stage = 0; phase ^= 1; }
-            ++m;
-            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-          }
-        }
-      }
-    } else if (warp == 1) {
-      // dQ writer (as the pp kernel's) + deterministic skip marks, item by item; lane 0 releases the slot
-      int buf = 0, phase = 0;
-      for (int it = 0;; ++it) {
-        const int item = next_item(it);
-        __syncwarp();
-        if (lane == 0) pp_arrive(&ss.x.sched_empty[it & 1]);
-        if (item >= a.items_total) break;
-        const BwdItem w = bwd_decode_item(a, item);
-        const int n = w.n, hk = w.hk, b = w.b;
-        if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, n, lane);
-        if (!a.dq_bulk) continue;
-        int g = 0, m = 0;
-        bool partial = false;
-        bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-        while (have) {
-          const int h = hk * a.heads_per_kv + g;
-          const int64_t base = bwd_sem_word(a, b, h, m);
-          const uint32_t first = a.deterministic ? bwd_order_first(a, base, n, lane) : 0u;
-          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
-          Barrier::wait(&ss.dq_full[buf], phase);
-          if (a.deterministic) bwd_wait_order(a, base, n, lane, first);
-          if (lane == 0) {
-            bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
-            bwd_finish_dq_reduce(a.dq_sem + base + n / 32, 1u << (n % 32), a.deterministic,
-                                 &ss.dq_empty[buf]);
-          }
-          __syncwarp();
-          if (++buf == 2) { buf = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-        }
-      }
-      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    }
-    return;
-  }
-
-  // ------------------------------------------------------------------------------- consumers
-  cutlass::arch::warpgroup_reg_alloc<240>();
-  const int ctid = tid - 128;
-  Tensor sQt = make_tensor(make_smem_ptr(ss.q.begin()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dO.begin()), typename T::SmemLayoutQt{});
-  Tensor sKt = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutKt{});
-  Tensor sdS = make_tensor(make_smem_ptr(ss.ds.begin()), typename T::SmemLayoutdS{});
-
-  typename T::TiledMmaSdP mma_sdp;
-  typename T::TiledMmadKV mma_dkv;
-  typename T::TiledMmadQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
-  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? ctid : ctid % 128);
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
-  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
-  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<Int<Bn>, Int<Bm>>{});
-  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<Int<Bn>, Int<D>>{});
-  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<Int<Bm>, Int<D>>{});
-  Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  const int wg = ctid / 128;
-  const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
-  const int col_base = 2 * (lane % 4);
-  const bool dq_store = T::kDqWG == T::NWG || wg == 0;
-
-  const float sl2 = a.scale_log2;
-
-  // Turn of this warpgroup to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup 1's).
-  auto turn_begin = [&]() {
-    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
-  };
-  auto turn_end = [&](bool last) {
-    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-  };
-  auto sdp_gemms = [&](int st) {
-    wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
-    wgmma_gemm<true, -1, false>(mma_sdp, tSrV, tSrdO(_, _, _, st), tSrdP);
-  };
-  // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's
-  // smem buffer `buf` (bulk mode) or float2 atomics at workspace offset `off` (dq_mode 0).
-  auto put_dq = [&](int buf, int par, int64_t off) {
-    int ctid_b;
-    asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
-                   ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
-      if (dq_store) {
-        CUTE_UNROLL
-        for (int e = 0; e < size(tdQrdQ); e += 2) {
-          const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-          *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-        }
-      }
-      pp_fence_async_smem();
-      pp_arrive(&ss.dq_full[buf]);
-    } else if (dq_store) {
-      float* dqa = a.dq_accum + off;
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
-    }
-  };
-
-  // Loop-carried state in one register (the consumers have none to spare: the pp body needs all
-  // of its 240): bits 0-1 = items so far mod 4 (item slot, sched_full parity), bits 2-3 = tiles so
-  // far mod 4 (tg: barrier slots / parities of the next tile), bit 4 = items with tiles mod 2
-  // (kv_full parity). The item's (n, hk, b) are read from its smem slot at each use (volatile
-  // ld.shared) instead of living in registers; the slot is released (sched_empty) only after the
-  // item's epilogue so that the producer cannot overwrite it earlier.
+  // Persistent scheduler: loop-carried state in one register (the consumers have none to spare:
+  // the body needs all of its 240): bits 0-1 = items so far mod 4 (item slot, sched_full parity),
+  // bits 2-3 = tiles so far mod 4 (tg: barrier slots / parities of the next tile), bit 4 = items
+  // with tiles mod 2 (kv_full parity). The item's (n, hk, b) are read from its smem slot at each
+  // use (BwdItemSlot: volatile ld.shared) instead of living in registers; the slot is released
+  // (sched_empty) only after the item's epilogue so that the producer cannot overwrite it earlier.
+  // Single tile: one pass, the item in registers (BwdItemRegs).
   uint32_t cs = 0;
   for (;;) {
-  const int islot = cs & 1;
-  pp_wait(&ss.x.sched_full[islot], (cs >> 1) & 1);
-  const volatile int* slot = &ss.x.item[islot][0];
-  if (slot[0] >= a.items_total) break;
-#define JFM_ITEM_N (slot[1])
-#define JFM_ITEM_HK (slot[2])
-#define JFM_ITEM_B (slot[3])
-  int g = 0, m = 0;
-  bool partial = false;
-  bool have = bwd_find_kept<Bm, Bn>(a, JFM_ITEM_B, JFM_ITEM_HK, JFM_ITEM_N, g, m, partial);
-  clear(tdVrdV);
-  clear(tdKrdK);
-  if (have) {
-    pp_wait(&ss.kv_full, (cs >> 4) & 1);
-    cs ^= 16u;
-    if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
-    // Local tile t (global tg + t) uses Q/dO stage, dS buffer and dQ buffer (tg + t) % 2, with
-    // parity ((tg + t) / 2) % 2. No wgmma group is in flight across the loop's back edge.
-    int t = 0;
-    int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
-    while (true) {
-      const int tg = (int)(cs >> 2) & 3;
-      const int st = (tg + t) & 1, par = ((tg + t) >> 1) & 1;
-      // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t
-      turn_begin();
-      if (t >= 2) {
-        // both warpgroups stored their dS of tile t-2 before their previous section
-        pp_wait(&ss.x.ds_full[st], par ^ 1);
-        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        const int64_t off = (int64_t)lin2 * (Bm * D);
-        pp_arrive(&ss.x.ds_empty[st]);
-        put_dq(st, par ^ 1, off);
+    const int islot = cs & 1;
+    const volatile int* item_slot = nullptr;
+    if constexpr (kPersist) {
+      pp_wait(&ss.x.sched_full[islot], (cs >> 1) & 1);
+      item_slot = &ss.x.item[islot][0];
+      if (item_slot[0] >= a.items_total) break;
+    }
+    const auto it = Sched::item_view(item_slot, n, hk, b);
+    if constexpr (kPersist) {
+      g = 0;
+      m = 0;
+      partial = false;
+      have = bwd_find_kept<Bm, Bn>(a, it.b(), it.hk(), it.n(), g, m, partial);
+      clear(tdVrdV);
+      clear(tdKrdK);
+    }
+    if (have) {
+      pp_wait(&ss.kv_full, kPersist ? (cs >> 4) & 1 : 0);
+      if constexpr (kPersist) cs ^= 16u;
+      if constexpr (!T::kLockstep) {
+        if (wg == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // warpgroup 0 goes first
       }
-      pp_wait(&ss.full[st], par);
-      sdp_gemms(st);
-      turn_end(false);
-
-      // ---- math of tile t (under the other warpgroup's section)
-      int row_b, col_b, wg_b;
-      asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
-      asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
-      asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
-      const int h = JFM_ITEM_HK * a.heads_per_kv + g;
-      const int ms = m * Bm;
-      const float* l2s = &ss.x.rs[st][0][0];
-      const float* dls = &ss.x.rs[st][1][0];
-
-      int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
-      bool koob[2] = {false, false};
-      if (partial) {
-        const int hm = h / a.heads_per_mask;
-        const int32_t* bnd = a.bounds + ((int64_t)JFM_ITEM_B * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        const int key0 = JFM_ITEM_N * Bn + 64 * wg + row_base, key1 = key0 + 8;
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          const int j = i == 0 ? key0 : key1;
-          koob[i] = j >= a.Sk;
-          if (!koob[i]) {
-            lts[i] = __ldg(bnd + j);
-            lte[i] = __ldg(bnd + a.Sk + j);
-            uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
-            ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+      // Local tile t (global tg + t; tg = 0 on the single-tile scheduler) uses Q/dO stage, dS buffer
+      // and dQ buffer (tg + t) % 2, with parity ((tg + t) / 2) % 2. No wgmma group is in flight
+      // across the loop's back edge (ptxas would serialize them).
+      int t = 0;
+      int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
+      while (true) {
+        const int tg = kPersist ? (int)(cs >> 2) & 3 : 0;
+        const int st = (tg + t) & 1, par = ((tg + t) >> 1) & 1;
+        // ---- section t: dQ GEMM of tile t-2, S/dP GEMMs of tile t (lock-step: S/dP only, no
+        // turn)
+        if constexpr (!T::kLockstep) {
+          turn_begin();
+          if (t >= 2) {
+            // both warpgroups stored their dS of tile t-2 before their previous section
+            pp_wait(&ss.x.ds_full[st], par ^ 1);
+            wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+            const int64_t off = (int64_t)lin2 * (Bm * D);
+            pp_arrive(&ss.x.ds_empty[st]);
+            put_dq(st, par ^ 1, off);
           }
         }
-      }
+        pp_wait(&ss.full[st], par);
+        bool last = false;
+        if constexpr (T::kLockstep) {  // this tile's (m, g, partial, last) from the TMA lane
+          int im, ig;
+          asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n"
+                       : "=r"(im), "=r"(ig)
+                       : "r"(cute::cast_smem_ptr_to_uint(&tinfo[st]))
+                       : "memory");
+          m = im;
+          g = ig & 0x3fffffff;
+          partial = (ig >> 30) & 1;
+          last = ig < 0;
+        }
+        sdp_gemms(st);
+        if constexpr (!T::kLockstep) turn_end(false);
 
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(tSrS);
-      CUTE_UNROLL
-      for (int kk = 0; kk < Bm / 8; ++kk) {
-        const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
+        // ---- math of tile t (under the other warpgroup's section)
+        int row_b, col_b, wg_b;
+        asm volatile("mov.b32 %0, %1;" : "=r"(row_b) : "r"(row_base));
+        asm volatile("mov.b32 %0, %1;" : "=r"(col_b) : "r"(col_base));
+        asm volatile("mov.b32 %0, %1;" : "=r"(wg_b) : "r"(wg));
+        const int h = it.hk() * a.heads_per_kv + g;
+        const int ms = m * Bm;
+        const float* l2s = &ss.x.rs[st][0][0];
+        const float* dls = &ss.x.rs[st][1][0];
+
+        int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
+        bool koob[2] = {false, false};
+        if (!T::kMaskRegs && partial) {  // the element test's column bounds
+          const int hm = h / a.heads_per_mask;
+          const int32_t* bnd = a.bounds + ((int64_t)it.b() * a.Hm + hm) * 4 * (int64_t)a.Sk;
+          const int kc0 = it.n() * Bn + 64 * wg + row_base, kc1 = kc0 + 8;
           CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const int e = 4 * kk + 2 * i + j;
-            float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
-            if (partial) {
-              const int q = ms + 8 * kk + col_b + j;
-              const bool masked = koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
-              if (masked) p = 0.f;
+          for (int i = 0; i < 2; ++i) {
+            const int j = i == 0 ? kc0 : kc1;
+            koob[i] = j >= a.Sk;
+            if (!koob[i]) {
+              lts[i] = __ldg(bnd + j);
+              lte[i] = __ldg(bnd + a.Sk + j);
+              uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+              ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
             }
-            tSrS(e) = p;
           }
         }
+        uint32_t cmask[2] = {0u, 0u};  // kMaskRegs: element bits of the two key columns
+        if constexpr (T::kMaskRegs) {
+          if (partial) {
+            // 80-row tiles: reloaded on every partial tile (8 loads under the S / dP GEMMs), so that
+            // the bounds are not live across the loop (9 registers it does not have at Bm = 80)
+            if (T::kDqTrans || g != g_bnd) {  // first partial tile of this query head: its mask head's bounds
+              g_bnd = g;
+              const int hm = h / a.heads_per_mask;
+              const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+              CUTE_UNROLL
+              for (int i = 0; i < 2; ++i) {
+                const int j = i == 0 ? key0 : key1;
+                const bool in = j < a.Sk;
+                const int jj = in ? j : 0;
+                CUTE_UNROLL
+                for (int c = 0; c < 4; ++c) {
+                  const int v = __ldg(bnd + c * (int64_t)a.Sk + jj);
+                  cbnd[i][c] = in ? v : (c == 0 ? INT_MIN : c == 1 ? INT_MAX : 0);
+                }
+              }
+            }
+            // under the S / dP GEMMs (before their wait)
+            CUTE_UNROLL
+            for (int i = 0; i < 2; ++i)
+              cmask[i] = bwd_col_mask<Bm>(cbnd[i][0], cbnd[i][1], cbnd[i][2], cbnd[i][3], ms + col_b);
+          }
+        }
+
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);
+        // P^T = exp2(S^T * scale * log2(e) - lse2), zero where masked. kMaskRegs: one loop
+        // per case (no per-element test of `partial`), the masked one tests one bit per element.
+        auto exp_tile = [&](auto masked_c) {
+          bwd_exp_tile<Bm, decltype(masked_c)::value, !T::kMaskRegs>(
+              tSrS, l2s, col_b, sl2, ms, partial, cmask, lts, lte, uts, ute, koob);
+        };
+        if constexpr (T::kMaskRegs) {
+          if (partial) exp_tile(std::true_type{});
+          else exp_tile(std::false_type{});
+        } else {
+          bwd_exp_tile<Bm, false, true>(tSrS, l2s, col_b, sl2, ms, partial, cmask, lts, lte, uts, ute,
+                                        koob);
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrdP);
+        bwd_p_ds<Elem, Bm>(tSrS, tSrdP, dls, col_b, tPrP, tPrdS);
+        if constexpr (!T::kLockstep) {
+          bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS, col_b,
+                                 64 * wg_b + row_b, st, par);
+          lin2 = lin1;
+          lin1 = (it.b() * a.N + h) * a.mblk + m;
+
+          ++m;
+          have = bwd_find_kept<Bm, Bn>(a, it.b(), it.hk(), it.n(), g, m, partial);
+          if (!have) break;
+          ++t;
+        } else {
+          // Lock-step: dV, dQ and dK of tile t issued back to back, one group in flight
+          // behind each wait. dS buffer st was last read by the dQ GEMMs of tile t-2, which both
+          // warpgroups retired (wait<1> below) before they reached the dS barrier of tile t-1.
+          wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+          if constexpr (T::kDqTrans) store_ds_tile_stsm<Elem>(sdS, tPrdS, 64 * wg_b + (row_b & ~15), lane, st);
+          else store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
+          pp_fence_async_smem();
+          asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
+          if constexpr (T::kDqTrans) {
+            // kDqTrans: dV retired before the dQ GEMM is issued, so that P's 20 registers are
+            // free while the dQ accumulator (40) and dS (20) are in flight: 188 + the rest, not 208.
+            // Waited after the barrier (s12): the barrier's wait runs under this warpgroup's dV
+            // GEMM, and each warpgroup issues its dQ GEMM as soon as its own dV is done instead of
+            // after the other warpgroup's (before s12: wait, then barrier)
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tdVrdV);
+            warpgroup_fence_operand(tPrP);
+          }
+          if constexpr (T::kDqTrans) wgmma_gemm<true, -1, false>(mma_dq, tdQrK, tdQrdS(_, _, _, st), tdQrdQ);
+          else wgmma_gemm<true, -1, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+          if constexpr (!T::kDqTrans) {
+            warpgroup_wait<1>();  // dV retired: P's registers are free
+            warpgroup_fence_operand(tdVrdV);
+            warpgroup_fence_operand(tPrP);
+          }
+          wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+          warpgroup_wait<1>();  // dQ retired (dK in flight)
+          warpgroup_fence_operand(tdQrdQ);
+          // one dQ buffer (80-row tiles): tile t is its use t (parity t % 2)
+          put_dq(T::kDqBufs == 2 ? st : 0, T::kDqBufs == 2 ? par : (t & 1),
+                 ((int64_t)(it.b() * a.N + h) * a.mblk + m) * (Bm * D));
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_fence_operand(tPrdS);
+          pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
+          if (last) break;
+          ++t;
+        }
       }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrdP);
-      CUTE_UNROLL
-      for (int kk = 0; kk < Bm / 8; ++kk) {
-        const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
+      if constexpr (!T::kLockstep) {
+        // ---- last section: dQ GEMMs of tiles t-1 and t
+        turn_begin();
         CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const int e = 4 * kk + 2 * i + j;
-            const float p = tSrS(e);
-            const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
-            tPrP(e) = static_cast<Elem>(p);
-            tPrdS(e) = static_cast<Elem>(ds);
+        for (int u = 1; u >= 0; --u) {
+          const int tu = t - u;
+          if (tu >= 0) {
+            const int tg = kPersist ? (int)(cs >> 2) & 3 : 0;
+            const int st = (tg + tu) & 1, par = ((tg + tu) >> 1) & 1;
+            pp_wait(&ss.x.ds_full[st], par);
+            wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
+            // persistent: the buffer is rewritten by the next item (a single tile ends here)
+            if constexpr (kPersist) pp_arrive(&ss.x.ds_empty[st]);
+            put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
           }
         }
+        turn_end(true);
       }
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-      // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
-      pp_wait(&ss.x.ds_empty[st], par ^ 1);
-      store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
-      pp_fence_async_smem();
-      pp_arrive(&ss.x.ds_full[st]);
-      wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tPrP);
-      warpgroup_fence_operand(tPrdS);
-      pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of tile t are done
-      lin2 = lin1;
-      lin1 = (JFM_ITEM_B * a.N + h) * a.mblk + m;
-
-      ++m;
-      have = bwd_find_kept<Bm, Bn>(a, JFM_ITEM_B, JFM_ITEM_HK, JFM_ITEM_N, g, m, partial);
-      if (!have) break;
-      ++t;
-    }
-    // ---- last section: dQ GEMMs of tiles t-1 and t
-    turn_begin();
-    CUTE_UNROLL
-    for (int u = 1; u >= 0; --u) {
-      const int tu = t - u;
-      if (tu >= 0) {
-        const int tg = (int)(cs >> 2) & 3;
-        const int st = (tg + tu) & 1, par = ((tg + tu) >> 1) & 1;
-        pp_wait(&ss.x.ds_full[st], par);
-        wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-        pp_arrive(&ss.x.ds_empty[st]);  // (the pp kernel ends here and skips it)
-        put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
+      if constexpr (kPersist) {
+        // every wgmma of this item has completed (the dQ GEMMs above wait): sK / sV may be reloaded
+        pp_arrive(&ss.x.kv_empty);
+        cs = (cs & ~12u) | ((cs + 4u * (uint32_t)(t + 1)) & 12u);  // tg += t + 1 (mod 4)
       }
     }
-    turn_end(true);
-    // every wgmma of this item has completed (the dQ GEMMs above wait): sK / sV may be reloaded
-    pp_arrive(&ss.x.kv_empty);
-    cs = (cs & ~12u) | ((cs + 4u * (uint32_t)(t + 1)) & 12u);  // tg += t + 1 (mod 4)
-  }
 
-  Elem* dk = reinterpret_cast<Elem*>(a.dk);
-  Elem* dv = reinterpret_cast<Elem*>(a.dv);
-  const int en = JFM_ITEM_N, ehk = JFM_ITEM_HK, eb = JFM_ITEM_B;
-  CUTE_UNROLL
-  for (int e = 0; e < size(tdKrdK); e += 2) {
-    const int j = en * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
-    const int c = 8 * (e / 4) + col_base;
-    if (j < a.Sk) {
-      const int64_t off = (((int64_t)eb * a.Sk + j) * a.K + ehk) * D + c;
-      cutlass::Array<Elem, 2> pk, pv;
-      pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
-      pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
-      pv[0] = static_cast<Elem>(tdVrdV(e));
-      pv[1] = static_cast<Elem>(tdVrdV(e + 1));
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
-      *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
+    if constexpr (!kPersist) {
+      break;
+    } else {
+      Elem* dk = reinterpret_cast<Elem*>(a.dk);
+      Elem* dv = reinterpret_cast<Elem*>(a.dv);
+      const int en = it.n(), ehk = it.hk(), eb = it.b();
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdKrdK); e += 2) {
+        const int j = en * Bn + 64 * wg + row_base + 8 * ((e / 2) % 2);
+        const int c = 8 * (e / 4) + col_base;
+        if (j < a.Sk) {
+          const int64_t off = (((int64_t)eb * a.Sk + j) * a.K + ehk) * D + c;
+          cutlass::Array<Elem, 2> pk, pv;
+          pk[0] = static_cast<Elem>(tdKrdK(e) * a.scale);
+          pk[1] = static_cast<Elem>(tdKrdK(e + 1) * a.scale);
+          pv[0] = static_cast<Elem>(tdVrdV(e));
+          pv[1] = static_cast<Elem>(tdVrdV(e + 1));
+          *reinterpret_cast<cutlass::Array<Elem, 2>*>(dk + off) = pk;
+          *reinterpret_cast<cutlass::Array<Elem, 2>*>(dv + off) = pv;
+        }
+      }
+      pp_arrive(&ss.x.sched_empty[islot]);  // item slot free (see cs above)
+      cs = (cs & ~3u) | ((cs + 1u) & 3u);
     }
-  }
-  pp_arrive(&ss.x.sched_empty[islot]);  // item slot free (see cs above)
-  cs = (cs & ~3u) | ((cs + 1u) & 3u);
-#undef JFM_ITEM_N
-#undef JFM_ITEM_HK
-#undef JFM_ITEM_B
   }  // items
+
+  if constexpr (!kPersist) {
+    // dK / dV through shared memory (bwd_stage_rows): sK / sV are free once both warpgroups have
+    // retired their last GEMMs (each waited for its own; the dQ GEMM of either reads all of sK)
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");
+    const int k0w = 64 * wg + (row_base & ~15);  // this warp's first key row
+    bwd_stage_rows<Elem, D>(ss.k.begin(), tdKrdK, a.scale, k0w, lane);
+    bwd_stage_rows<Elem, D>(ss.v.begin(), tdVrdV, 1.f, k0w, lane);
+    // each warpgroup reads back only its own 64 rows
+    if (wg == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    const int64_t row0 = ((int64_t)b * a.Sk + n * Bn + 64 * wg) * a.K + hk;  // (key, kv head) row
+    const int rows = min(64, a.Sk - (n * Bn + 64 * wg));
+    bwd_rows_to_global<Elem, D>(reinterpret_cast<Elem*>(a.dk), ss.k.begin(), row0, a.K, rows,
+                                64 * wg, ctid % 128);
+    bwd_rows_to_global<Elem, D>(reinterpret_cast<Elem*>(a.dv), ss.v.begin(), row0, a.K, rows,
+                                64 * wg, ctid % 128);
+  }
 #endif
 }
 
@@ -1091,9 +735,8 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   }
 
   auto kernel = [&]() {
-    if constexpr (T::kPersist)
-      return &flashmask_bwd_persist_kernel<T, decltype(tma_q), decltype(tma_k)>;
-    else return &flashmask_bwd_pp_kernel<T, decltype(tma_q), decltype(tma_k)>;
+    using Sched = std::conditional_t<T::kPersist, BwdPersistentScheduler, BwdSingleTileScheduler>;
+    return &flashmask_bwd_kernel<T, Sched, decltype(tma_q), decltype(tma_k)>;
   }();
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;

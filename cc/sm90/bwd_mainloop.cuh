@@ -1,11 +1,17 @@
-// Building blocks of the backward main loops: the dS tile's stores to shared memory (32-bit
-// shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves (walk, GEMM
-// issue, softmax, dS) are still the kernel bodies in bwd_kernel.cuh / bwd_d256_kernel.cuh.
+// Building blocks of the backward main loops: the producer lane's K / V and row-statistics loads,
+// the consumers' GEMM turns (ping-pong), P^T (exp) and P / dS from S and dP, the dV / dK GEMMs of
+// a ping-pong tile, the dQ tile's hand-off to the writer warp, and the dS tile's stores to shared
+// memory (32-bit shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves
+// (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh / bwd_d256_kernel.cuh.
 // Contract: the SmemLayoutdS of traits.h (K-major, 128B swizzle), bit for bit as a CuTe store.
-// Synchronization: the caller fences the generic-proxy stores before the GEMMs read them.
+// Synchronization: the caller fences the generic-proxy stores of store_ds_tile* before the GEMMs
+//   read them; bwd_dkv_pingpong and bwd_put_dq arrive on the barriers named at each.
 // Knobs: none.
 #pragma once
 
+#include "kernel_args.h"
+#include "primitives.cuh"
+#include "softmax.cuh"
 #include "traits.h"
 
 namespace jfm::sm90 {
@@ -62,6 +68,175 @@ __device__ __forceinline__ void store_ds_tile_stsm(SdS& sdS, Frag const& tPrdS, 
                      base + 2 * p * kRows8),
                  "r"(r(4 * p)), "r"(r(4 * p + 1)), "r"(r(4 * p + 2)), "r"(r(4 * p + 3))
                  : "memory");
+  }
+}
+
+// The producer lane's loads of a work item's K and V tiles (key block n of kv head hk, batch b) by
+// TMA onto kv_full, and of a Q / dO tile's row statistics (lse2, D of query head h, tile m; rows
+// padded to sq_pad: always in bounds, 256-byte aligned) by bulk copy onto the stage's `full`
+// barrier (whose expected bytes the caller set).
+template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
+__device__ __forceinline__ void bwd_load_kv(TmaK const& tma_k, TmaK const& tma_v, MK const& mK,
+                                            MK const& mV, SK& sK, SK& sV, Storage& ss, int hk,
+                                            int b, int n) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+  Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+  auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                  group_modes<0, 2>(gK));
+  auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                  group_modes<0, 2>(gV));
+  Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
+  copy(tma_k.with(ss.kv_full), tKg, tKs);
+  copy(tma_v.with(ss.kv_full), tVg, tVs);
+}
+// TMA views of query head h's Q and dO (batch b): the global tiles (mode 1: tile index) and the
+// ring's stages, as (tQg, tQs, tdOg, tdOs) for the producer lane's copies.
+template <int Bm, int D, class TmaQ, class MQ, class SQ>
+__device__ __forceinline__ auto bwd_q_do_views(TmaQ const& tma_q, TmaQ const& tma_do,
+                                               MQ const& mQ, MQ const& mdO, SQ& sQ, SQ& sdO,
+                                               int h, int b) {
+  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+  Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(_, 0));
+  auto [tQg, tQs] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                  group_modes<0, 2>(gQ));
+  auto [tdOg, tdOs] = tma_partition(tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO),
+                                    group_modes<0, 2>(gdO));
+  return cute::make_tuple(tQg, tQs, tdOg, tdOs);
+}
+template <int Bm, class Storage>
+__device__ __forceinline__ void bwd_load_rowstats(BwdArgs const& a, Storage& ss, int b, int h,
+                                                  int m, int stage) {
+  const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
+                           Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
+                           Bm * (int)sizeof(float));
+}
+
+// Turn of consumer warpgroup wg to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup
+// 1's). Warpgroup 1 pre-arrives once so that warpgroup 0 goes first; warpgroup 0's last arrive
+// (last) is the one that balances it.
+__device__ __forceinline__ void bwd_turn_begin(int wg) {
+  if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+}
+__device__ __forceinline__ void bwd_turn_end(int wg, bool last) {
+  if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+}
+
+// P^T = exp2(S^T * scale * log2(e) - lse2) in place, zero where masked: kMasked tests the key
+// column's mask bits (cmask, bit 2 kk + j per query), kElemTest the column bounds on a partial tile
+// (lts / lte / uts / ute of the thread's two key columns, koob: column >= Sk); neither: no mask
+// arithmetic. l2s = the tile's lse2 row statistics in smem, ms = the tile's first query, col_b =
+// the thread's first query column, sl2 = scale * log2(e).
+template <int Bm, bool kMasked, bool kElemTest, class FragC>
+__device__ __forceinline__ void bwd_exp_tile(FragC& tSrS, const float* l2s, int col_b, float sl2,
+                                             int ms, bool partial, const uint32_t (&cmask)[2],
+                                             const int (&lts)[2], const int (&lte)[2],
+                                             const int (&uts)[2], const int (&ute)[2],
+                                             const bool (&koob)[2]) {
+  CUTE_UNROLL
+  for (int kk = 0; kk < Bm / 8; ++kk) {
+    const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const int e = 4 * kk + 2 * i + j;
+        float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+        if constexpr (kMasked) {
+          if (cmask[i] & (1u << (2 * kk + j))) p = 0.f;
+        } else if constexpr (kElemTest) {
+          if (partial) {
+            const int q = ms + 8 * kk + col_b + j;
+            const bool masked =
+                koob[i] || (lts[i] <= q && q < lte[i]) || (uts[i] <= q && q < ute[i]);
+            if (masked) p = 0.f;
+          }
+        }
+        tSrS(e) = p;
+      }
+    }
+  }
+}
+
+// P^T and dS^T = P^T (dP^T - D) in the GEMM operand type, from P^T (already exp'ed and masked, in
+// tSrS) and dP^T; dls = the tile's D row statistics in smem, col_b = the thread's first query.
+template <class Elem, int Bm, class FragC, class FragA>
+__device__ __forceinline__ void bwd_p_ds(FragC const& tSrS, FragC const& tSrdP, const float* dls,
+                                         int col_b, FragA& tPrP, FragA& tPrdS) {
+  CUTE_UNROLL
+  for (int kk = 0; kk < Bm / 8; ++kk) {
+    const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const int e = 4 * kk + 2 * i + j;
+        const float p = tSrS(e);
+        const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+        tPrP(e) = static_cast<Elem>(p);
+        tPrdS(e) = static_cast<Elem>(ds);
+      }
+    }
+  }
+}
+
+// Ping-pong consumers, tile in stage / dS buffer st (parity par): dV += P^T dO, dS^T to smem for
+// the dQ GEMMs (after the dQ GEMMs of two tiles back released the buffer: ds_empty; then
+// ds_full), dK += dS^T Q, all retired, then the Q / dO stage released (empty). q0 / k0 as in
+// store_ds_tile.
+template <class Elem, class Storage, class MmaKV, class FragA, class TdO, class TQ, class FragKV,
+          class SdS>
+__device__ __forceinline__ void bwd_dkv_pingpong(Storage& ss, MmaKV& mma_dkv, FragA& tPrP,
+                                                 FragA& tPrdS, TdO const& tdVrdO, TQ const& tdKrQ,
+                                                 FragKV& tdVrdV, FragKV& tdKrdK, SdS& sdS, int q0,
+                                                 int k0, int st, int par) {
+  wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
+  // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
+  pp_wait(&ss.x.ds_empty[st], par ^ 1);
+  store_ds_tile<Elem>(sdS, tPrdS, q0, k0, st);
+  pp_fence_async_smem();
+  pp_arrive(&ss.x.ds_full[st]);
+  wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tdVrdV);
+  warpgroup_fence_operand(tdKrdK);
+  warpgroup_fence_operand(tPrP);
+  warpgroup_fence_operand(tPrdS);
+  pp_arrive(&ss.empty[st]);  // this thread's reads of the Q / dO stage of the tile are done
+}
+
+// dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's smem
+// buffer `buf` (bulk mode: after dq_empty, then dq_full) or float2 atomics at workspace offset
+// `off` (dq_mode 0). dq_store: this thread holds part of the tile (kDqWG).
+template <class T, class Storage, class FragQ>
+__device__ __forceinline__ void bwd_put_dq(BwdArgs const& a, Storage& ss, FragQ const& tdQrdQ,
+                                           int ctid, bool dq_store, int buf, int par, int64_t off) {
+  int ctid_b;
+  asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+  const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
+                 ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+  if (a.dq_bulk) {
+    pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
+    if (dq_store) {
+      CUTE_UNROLL
+      for (int e = 0; e < size(tdQrdQ); e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+      }
+    }
+    pp_fence_async_smem();
+    pp_arrive(&ss.dq_full[buf]);
+  } else if (dq_store) {
+    float* dqa = a.dq_accum + off;
+    CUTE_UNROLL
+    for (int e = 0; e < size(tdQrdQ); e += 2) {
+      const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+      atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+    }
   }
 }
 

@@ -121,7 +121,7 @@ __device__ __forceinline__ void bwd_wait_order(const BwdArgs& a, int64_t base, i
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-// Look-ahead zeroing of the fp32 dQ accumulator (BwdArgs::zero_count set; flashmask_bwd_pp_kernel).
+// Look-ahead zeroing of the fp32 dQ accumulator (BwdArgs::zero_count set; the pp kernel).
 // The CTAs launch in units whose dQ rows are one contiguous range of dq_accum: a (kv head, batch)
 // pair (heads_per_kv heads of sq_pad rows), or in deterministic mode a launch group of G pairs.
 // At CTA start the idle producer warp 3 of each CTA of unit u zeroes its slice of unit u + 1's
@@ -282,6 +282,26 @@ __device__ __forceinline__ void bwd_rows_to_global(Elem* g, const Elem* stage, i
       *reinterpret_cast<uint4*>(g + (row0 + (int64_t)r * stride) * D + 8 * c) = v;
     }
   }
+}
+
+// The dQ-writer warp's part of one tile (query head h, tile m) of a key block: wait for the
+// consumers' dQ tile in smem buffer `buf` (dq_full, parity `phase`), in deterministic mode for the
+// ordering bits of the slots above `slot`, then lane 0 issues the bulk reduce-add and publishes
+// `slot`'s bit / frees the buffer (bwd_finish_dq_reduce).
+template <int Bm, int D, class Storage>
+__device__ __forceinline__ void bwd_write_dq_tile(const BwdArgs& a, Storage& ss, int b, int h,
+                                                  int m, int slot, int lane, int buf, int phase) {
+  const int64_t base = bwd_sem_word(a, b, h, m);
+  const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
+  float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+  cutlass::arch::ClusterTransactionBarrier::wait(&ss.dq_full[buf], phase);
+  if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
+  if (lane == 0) {
+    bwd_issue_dq_reduce<Bm * D>(gtile, &ss.dq[buf][0]);
+    bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
+                         &ss.dq_empty[buf]);
+  }
+  __syncwarp();
 }
 
 }  // namespace jfm::sm90

@@ -50,7 +50,7 @@ struct BwdArgs {
   uint32_t* dq_sem;
   int sem_words;
   // Persistent grid: sched[0] = item counter, sched[4 + r] = key block of rank r (see
-  // flashmask_bwd_persist_kernel); items_total = nblk * K * B; sec_heads = (b, kv head) pairs per
+  // BwdPersistentScheduler); items_total = nblk * K * B; sec_heads = (b, kv head) pairs per
   // L2 section of the item order.
   int* sched;
   int items_total;

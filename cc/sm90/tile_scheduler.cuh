@@ -1,8 +1,8 @@
 // Work-item schedulers of the backward: the pp kernel's item of its CTA (plain grid (nblk, K, B),
 // or in deterministic mode the interleaved launch groups and the pre-pass's key-block order) and
-// the key block at a launch position. The persistent grid's item decode sits with its kernel
-// (bwd_kernel.cuh bwd_decode_item); the forward's tile order is in its kernel (heaviest first,
-// pairs with FwdTraitsPaired).
+// the key block at a launch position; the persistent grid's item decode (bwd_decode_item); the
+// schedulers as types for flashmask_bwd_kernel (bwd_kernel.cuh). The forward's tile order is in
+// its kernel (heaviest first, pairs with FwdTraitsPaired).
 // Contract: every (key block, kv head, batch) item exactly once; in deterministic mode a CTA only
 //   waits for ordering slots above its own of its own pair, all at lower grid positions
 //   (deadlock-free without co-residency).
@@ -29,7 +29,7 @@ __device__ __forceinline__ int bwd_det_key_block(const BwdArgs& a, int b, int hk
   return a.nblk - 1 - r;
 }
 
-// (key block, kv head, batch, ordering slot) of this CTA of flashmask_bwd_pp_kernel; with launch
+// (key block, kv head, batch, ordering slot) of this CTA (BwdSingleTileScheduler); with launch
 // groups (BwdDetAuto80) in deterministic mode: the interleaved 1-D launch order; the other kernels
 // in deterministic mode: launch position blockIdx.x (bwd_det_key_block).
 template <class T>
@@ -72,5 +72,42 @@ __device__ __forceinline__ BwdItem bwd_decode_item(const BwdArgs& a, int i) {
   w.b = head / a.K;
   return w;
 }
+
+// The backward's schedulers as types (flashmask_bwd_kernel's Sched): BwdSingleTileScheduler, one
+// work item per CTA (bwd_pp_item), and BwdPersistentScheduler, a persistent grid whose producer
+// takes every item id from the counter (bwd_decode_item) and hands it to the other roles in an
+// smem slot. item_view: the consumers' view of the current item's (n, hk, b), registers or that
+// slot (read at each use: the persistent consumers have no registers to spare).
+struct BwdItemRegs {
+  int n_, hk_, b_;
+  __device__ __forceinline__ int n() const { return n_; }
+  __device__ __forceinline__ int hk() const { return hk_; }
+  __device__ __forceinline__ int b() const { return b_; }
+};
+struct BwdItemSlot {
+  const volatile int* s;
+  __device__ __forceinline__ int n() const { return s[1]; }
+  __device__ __forceinline__ int hk() const { return s[2]; }
+  __device__ __forceinline__ int b() const { return s[3]; }
+};
+struct BwdSingleTileScheduler {
+  static constexpr bool kPersistent = false;
+  template <class T>
+  static __device__ __forceinline__ int4 first_item(const BwdArgs& a) { return bwd_pp_item<T>(a); }
+  static __device__ __forceinline__ BwdItemRegs item_view(const volatile int*, int n, int hk,
+                                                          int b) {
+    return BwdItemRegs{n, hk, b};
+  }
+};
+struct BwdPersistentScheduler {
+  static constexpr bool kPersistent = true;
+  template <class T>
+  static __device__ __forceinline__ int4 first_item(const BwdArgs&) {
+    return make_int4(0, 0, 0, 0);
+  }
+  static __device__ __forceinline__ BwdItemSlot item_view(const volatile int* slot, int, int, int) {
+    return BwdItemSlot{slot};
+  }
+};
 
 }  // namespace jfm::sm90

@@ -181,9 +181,9 @@ struct FwdTraitsPaired : Base {
 };
 
 // The backward kernels of bwd_kernel.cuh (d = 64 / 128). Persist_ = false:
-// flashmask_bwd_pp_kernel, one CTA per work item (key block, kv head, batch); true:
-// flashmask_bwd_persist_kernel, the same per-item code on a persistent grid. Bm_ = query rows per
-// tile: 64; 128 at d = 64 (the dQ GEMM split by rows: kDqRowSplit); 80 at d = 128 (BwdRows80).
+// flashmask_bwd_kernel on BwdSingleTileScheduler, one CTA per work item (key block, kv head,
+// batch); true: on BwdPersistentScheduler, the same per-item code on a persistent grid. Bm_ =
+// query rows per tile: 64; 128 at d = 64 (the dQ GEMM split by rows: kDqRowSplit); 80 at d = 128 (BwdRows80).
 template <class Elem_, int D_, bool Persist_ = false, int Bm_ = kBwdBlockM>
 struct BwdTraits {
   using Elem = Elem_;
