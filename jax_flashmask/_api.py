@@ -192,20 +192,6 @@ def _attend(query, key, value, startend_row_indices, *, opts: CallOptions, causa
     if startend_row_indices is None:
         bounds = unmasked_bounds(b, key.shape[1], causal=causal, q_len=sq)
     else:
-        bounds = _canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
+        bounds = canonical_bounds(startend_row_indices, causal=causal, q_len=sq)
         bounds = jnp.broadcast_to(bounds, (b,) + bounds.shape[1:])
     return _flash(query, key, value, bounds, opts)
-
-
-def _canonical_bounds(indices, *, causal: bool, q_len: int):
-    """`canonical_bounds`, also for a mask whose type carries Explicit mesh axes: its constant
-    components (no mask, the causal triangle) are unsharded, and explicit sharding refuses to
-    stack them with a sharded mask; computed on Auto axes, the bounds keep the mask's sharding
-    (batch, heads and sequence dims), so a sharded mask still moves nothing."""
-    compute = functools.partial(canonical_bounds, causal=causal, q_len=q_len)
-    mesh = _sharding._explicit_mesh(indices)
-    if mesh is None:
-        return compute(indices)
-    b, h, s, _ = _sharding._spec(indices, 4)
-    out = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(b, h, None, s))
-    return jax.sharding.auto_axes(compute, out_sharding=out)(indices)

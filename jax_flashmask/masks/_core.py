@@ -158,12 +158,13 @@ def canonical_bounds(startend_row_indices, *, causal: bool, q_len: int) -> jax.A
     b, hm, sk, d = x.shape
     if d not in ALLOWED_D[bool(causal)]:
         raise ValueError(f"invalid (causal={causal}, D={d}); see jax_flashmask.masks.validate")
-    sq = jnp.int32(q_len)
-    full = jnp.full((b, hm, sk), sq, jnp.int32)
-    zero = jnp.zeros((b, hm, sk), jnp.int32)
+    # The constant components are made like the mask's first vector, so that they carry its
+    # sharding (a stack of differently sharded arrays is refused on Explicit mesh axes).
+    zero = jnp.zeros_like(x[..., 0])
+    full = zero + jnp.int32(q_len)
     if causal:
         j = jnp.arange(sk, dtype=jnp.int32)
-        ute = jnp.broadcast_to(jnp.clip(j - (sk - q_len), 0, q_len), (b, hm, sk)).astype(jnp.int32)
+        ute = zero + jnp.clip(j - (sk - q_len), 0, q_len).astype(jnp.int32)
         lts = x[..., 0]
         lte = x[..., 1] if d == 2 else full
         uts = zero
