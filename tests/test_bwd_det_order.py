@@ -3,12 +3,11 @@ shipped configurations: the 80-row kernel with device-sized launch groups and ke
 (configs.BWD_D128_DET; the simulator's "v21", and "v16" = the 80-row kernel without them), the
 d = 64 kernel's reordered (nblk, K, B) launch ("v11"), and the pre-pass rules' host twins.
 
-The simulator (tests/det_sim/bwd_det_protocol.py) transcribes flashmask_bwd_pp_kernel's producer,
+The simulator (tests/det_sim/bwd_det_protocol.py) transcribes flashmask_bwd_kernel's (single-tile scheduler) producer,
 consumer warpgroups, dQ writer and skip-marking warp with the kernel's mbarrier parities, and runs
 launches with one, two or 132 resident CTAs: a deadlock shows as a CTA that never ends."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -20,15 +19,8 @@ SIM = Path(__file__).resolve().parent / "det_sim"
 SM90 = ROOT / "cc" / "sm90"
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, SIM / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-proto = _load("bwd_det_protocol")
+sys.path.insert(0, str(SIM))  # the simulator loads its sibling models itself
+import bwd_det_protocol as proto  # noqa: E402
 _model = proto._det
 CASES = {name: (b, Sq, N, K) for name, b, Sq, N, K in proto.cases()}
 # the backward kernels' sources (the parts and the kernels that compose them)
