@@ -650,7 +650,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         float l = l_i[i];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const bool empty = !(l > 0.f);
+        // l == 0 only where no key was visible; a NaN l (NaN in a visible input) must reach O and
+        // the LSE, so the test is not `!(l > 0)`.
+        const bool empty = l == 0.f;
         inv[i] = empty ? 0.f : 1.f / l;
         lse[i] = empty ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
       }
