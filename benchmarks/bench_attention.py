@@ -54,7 +54,7 @@ if importlib.util.find_spec("jax_flashmask") is None and str(REPO) not in sys.pa
     sys.path.append(str(REPO))
 
 from jax_flashmask.masks import BENCHMARK_MASKS as MASK_NAMES  # noqa: E402  (SPEC §2 order)
-IMPLS = ("ours", "cudnn", "flex")
+IMPLS = ("ours", "cudnn", "flex", "flex_flash", "fa4_jax")
 TILE = 128
 BWD_FACTOR = 2.5
 QUICK_MASKS = ("full", "causal", "sliding_window", "causal_document", "document", "share_question")
@@ -522,7 +522,76 @@ class FlexImpl:
         return time_torch(fb, grad_to_none=[qg, kg, vg], **kw)
 
 
-IMPL_CLASSES = {"ours": OursImpl, "cudnn": CudnnImpl, "flex": FlexImpl}
+class FlexFlashImpl(FlexImpl):
+    """FlexAttention's FlashAttention-4 backend (kernel_options BACKEND="FLASH": CuTe DSL kernels
+    of the flash-attn-4 package), the same mask_mod and block mask as `flex`."""
+
+    name = "flex_flash"
+
+    def __init__(self, args):
+        super().__init__(args)
+        import functools
+
+        try:
+            import flash_attn.cute  # noqa: F401  the kernels the FLASH backend calls
+            from torch.nn.attention.flex_attention import flex_attention
+        except Exception as e:  # noqa: BLE001
+            raise Skip(f"flash-attn-4 (FLASH backend) unavailable: {type(e).__name__}: {e}") from e
+        self.flex = self.torch.compile(
+            functools.partial(flex_attention, kernel_options={"BACKEND": "FLASH"}), dynamic=False)
+
+
+class Fa4JaxImpl(JaxImpl):
+    """fa4-jax (FlashAttention-4's CuTe DSL kernels for JAX) as a user would call it: full,
+    causal and the sliding window natively (out-of-band key blocks skipped); every other mask as
+    a mask_mod over the canonical vectors, with causal=True where the mask is causal (its band is
+    still skipped; fa4-jax wires no block sparsity for mask mods, so the rest is visited)."""
+
+    name = "fa4_jax"
+
+    def __init__(self, args):
+        super().__init__(args)
+        import dataclasses
+
+        try:
+            import fa4_jax
+        except Exception as e:  # noqa: BLE001
+            raise Skip(f"fa4-jax unavailable: {type(e).__name__}: {e}") from e
+        self.fa4 = fa4_jax
+
+        @dataclasses.dataclass(frozen=True)
+        class BoundsMask(fa4_jax.MaskMod):
+            # allowed unless LTS <= q < LTE or UTS <= q < UTE (column kv); arrays [B, S]
+            lts: object
+            lte: object
+            uts: object
+            ute: object
+
+            def __call__(self, b, h, q, kv):
+                return (((q < self.lts[b, kv]) | (q >= self.lte[b, kv]))
+                        & ((q < self.uts[b, kv]) | (q >= self.ute[b, kv])))
+
+        self.BoundsMask = BoundsMask
+
+    def cache_key(self, case: Case):
+        return (case.mask, case.causal, case.sri.shape[-1])
+
+    def attn(self, case: Case):
+        import jax.numpy as jnp
+
+        fa4, mask = self.fa4, case.mask
+        if mask in ("full", "causal"):
+            return lambda q, k, v, sri: fa4.flash_attn(q, k, v, causal=mask == "causal")
+        if mask == "sliding_window":
+            return lambda q, k, v, sri: fa4.flash_attn(q, k, v, window_size=(case.window, 0))
+        vec = [jnp.asarray(np.broadcast_to(case.bounds[0, 0, c], (case.B, case.S)), jnp.int32)
+               for c in range(4)]
+        mm = self.BoundsMask(*vec)
+        return lambda q, k, v, sri: fa4.flash_attn(q, k, v, causal=case.causal, mask_mod=mm)
+
+
+IMPL_CLASSES = {"ours": OursImpl, "cudnn": CudnnImpl, "flex": FlexImpl, "flex_flash": FlexFlashImpl,
+                "fa4_jax": Fa4JaxImpl}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,6 +647,13 @@ def environment(with_torch: bool) -> dict:
         env["jax_flashmask"] = str(Path(jax_flashmask.__file__).parent)
     except Exception as e:  # noqa: BLE001
         env["jax_flashmask"] = f"unavailable: {type(e).__name__}: {e}"
+    from importlib import metadata
+
+    for dist in ("fa4-jax", "flash-attn-4", "nvidia-cutlass-dsl"):
+        try:
+            env[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
     if not with_torch:
         return env
     try:
@@ -607,7 +683,7 @@ def machine_tag(device: str | None) -> str:
 
 def run(args) -> dict:
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    env = environment(with_torch="flex" in args.impls)
+    env = environment(with_torch=bool({"flex", "flex_flash"} & set(args.impls)))
     prefix = args.out_prefix or f"{machine_tag(env.get('device'))}_{date}" + ("_quick" if args.quick else "")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -912,7 +988,8 @@ def render_png(doc: dict, path: Path) -> bool:
     metrics = [("fwd_tflops", "forward TFLOP/s")] + ([("bwd_tflops", "backward TFLOP/s")] if has_bwd else [])
     fig, axes = plt.subplots(len(metrics), len(groups), figsize=(max(6, 5.5 * len(groups)), 4.2 * len(metrics)),
                              squeeze=False)
-    colors = {"ours": "tab:red", "cudnn": "tab:green", "flex": "tab:blue"}
+    colors = {"ours": "tab:red", "cudnn": "tab:green", "flex": "tab:blue", "flex_flash": "tab:purple",
+              "fa4_jax": "tab:orange"}
     for c, (S, d) in enumerate(groups):
         masks = [m for m in MASK_NAMES if any(r["mask"] == m and r["S"] == S and r["d"] == d for r in rows)]
         x = np.arange(len(masks))

@@ -101,6 +101,8 @@ def main():
     ap.add_argument("--cudnn", action="store_true")
     ap.add_argument("--check", action="store_true",
                     help="each config's results against the first config's, bit for bit")
+    ap.add_argument("--soft-cap", type=float, default=30.0,
+                    help="the logits soft cap given to the soft-cap configs (others get none)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--window", type=int, default=None, help="sliding_window's width (default S / 16)")
     ap.add_argument("--json", default=None)
@@ -128,22 +130,24 @@ def main():
             base = dict(S=S, B=B, H=H, d=d, mask=name, rho=rho, visible=vis,
                         window=a.window if name == "sliding_window" else None)
             if a.bwd:
-                out, lse = jax.block_until_ready(cuda.forward(q, k, v, bounds, scale=scale,
-                                                              structure=structure(name)))
+                fw = {cap: jax.block_until_ready(cuda.forward(
+                    q, k, v, bounds, scale=scale, structure=structure(name), logits_soft_cap=cap))
+                    for cap in (None, a.soft_cap)}
                 runs = [(c or configs.backward_config(d, bool(det), a.sm_margin), bool(det))
                         for c in (named or [None]) for det in a.det]
             else:
                 runs = [(c, False) for c in (named or [configs.forward_config(d, structure(name))])]
             first = {}
             for cfg, det in runs:
+                cap = a.soft_cap if cfg.soft_cap else None
                 if a.bwd:
-                    f = jax.jit(lambda q, k, v, b, o, l, g, cfg=cfg, det=det: cuda.run_backward(
+                    f = jax.jit(lambda q, k, v, b, o, l, g, cfg=cfg, det=det, cap=cap: cuda.run_backward(
                         cfg, q, k, v, b, o, l, g, scale=scale, deterministic=det,
-                        sm_margin=a.sm_margin))
-                    args = (q, k, v, bounds, out, lse, do)
+                        sm_margin=a.sm_margin, logits_soft_cap=cap))
+                    args = (q, k, v, bounds, *fw[cap], do)
                 else:
-                    f = jax.jit(lambda q, k, v, b, cfg=cfg: cuda.run_forward(
-                        cfg, q, k, v, b, scale=scale, sm_margin=a.sm_margin))
+                    f = jax.jit(lambda q, k, v, b, cfg=cfg, cap=cap: cuda.run_forward(
+                        cfg, q, k, v, b, scale=scale, sm_margin=a.sm_margin, logits_soft_cap=cap))
                     args = (q, k, v, bounds)
                 tag = cfg.name + ("_det" if det else "") + (f"_m{a.sm_margin}" if a.sm_margin else "")
                 try:

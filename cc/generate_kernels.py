@@ -5,7 +5,8 @@ The list is jax_flashmask/backends/cuda/configs.py (FORWARD_CONFIGS, BACKWARD_CO
 script loads that file by path (standard library only, no jax) and writes, under
 cc/sm90/instantiations/:
   <config>_<dtype>.cu   one translation unit per (config, dtype): a named launcher
-                        run_<config>_<dtype> that instantiates the kernel (units compile in
+                        run_<config>_<dtype> that instantiates the kernel, and the launcher of
+                        the config's soft-cap twin where there is one (units compile in
                         parallel; CMake picks them by head dim for a development subset);
   kernel_table.inc      JFM_FWD_CONFIG / JFM_BWD_CONFIG rows, guarded by JFM_BUILD_D<head dim>,
                         expanded by cc/sm90/dispatch.cc into the lookup by name.
@@ -15,6 +16,7 @@ the committed files differ from what it would write (a test runs it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -41,15 +43,20 @@ def b(x: bool) -> str:
     return "true" if x else "false"
 
 
-def fwd_unit(c, dt: str) -> str:
+def fwd_launcher(c, dt: str) -> str:
     e = ELEM[dt]
     launch = (f"launch_fwd<{e}, {c.head_dim}, {c.block_n}, {c.consumer_warpgroups}, 2, true, "
-              f"{b(c.group_walk)}, {b(c.mask_bits)}, {b(c.paired_tiles)}>")
-    return (HEADER + (EXTENDED if c.block_n == 80 else "") +
+              f"{b(c.group_walk)}, {b(c.mask_bits)}, {b(c.paired_tiles)}"
+              + (", true>" if c.soft_cap else ">"))
+    return (f"cudaError_t run_{c.name}_{dt}(const FwdParams& p, cudaStream_t s, const char** err) {{\n"
+            f"  return {launch}(p, s, err);\n}}\n")
+
+
+def fwd_unit(cs, dt: str) -> str:
+    return (HEADER + (EXTENDED if cs[0].block_n == 80 else "") +
             '#include "../fwd_kernel.cuh"\n#include "../kernel_table.h"\n'
-            "namespace jfm::sm90 {\n"
-            f"cudaError_t run_{c.name}_{dt}(const FwdParams& p, cudaStream_t s, const char** err) {{\n"
-            f"  return {launch}(p, s, err);\n}}\n}}  // namespace jfm::sm90\n")
+            "namespace jfm::sm90 {\n" + "".join(fwd_launcher(c, dt) for c in cs) +
+            "}  // namespace jfm::sm90\n")
 
 
 def bwd_traits(c, e: str) -> str:
@@ -65,28 +72,44 @@ def bwd_traits(c, e: str) -> str:
     return t
 
 
-def bwd_unit(c, dt: str) -> str:
+def bwd_launcher(c, dt: str) -> str:
     t = bwd_traits(c, ELEM[dt])
-    if c.head_dim == 256:
-        inc, launch = "../bwd_d256_kernel.cuh", f"launch_bwd_d256_impl<{t}>"
-    else:
-        inc, launch = "../bwd_kernel.cuh", f"launch_bwd_impl<{t}>"
-    return (HEADER + (EXTENDED if c.block_m == 80 else "") +
+    if c.soft_cap:
+        t = f"BwdSoftCap<{t}>"
+    impl = "launch_bwd_d256_impl" if c.head_dim == 256 else "launch_bwd_impl"
+    return (f"cudaError_t run_{c.name}_{dt}(const BwdParams& p, cudaStream_t s, const char** err) {{\n"
+            f"  return {impl}<{t}>(p, s, err);\n}}\n")
+
+
+def bwd_unit(cs, dt: str) -> str:
+    inc = "../bwd_d256_kernel.cuh" if cs[0].head_dim == 256 else "../bwd_kernel.cuh"
+    return (HEADER + (EXTENDED if cs[0].block_m == 80 else "") +
             f'#include "{inc}"\n#include "../kernel_table.h"\n'
-            "namespace jfm::sm90 {\n"
-            f"cudaError_t run_{c.name}_{dt}(const BwdParams& p, cudaStream_t s, const char** err) {{\n"
-            f"  return {launch}(p, s, err);\n}}\n}}  // namespace jfm::sm90\n")
+            "namespace jfm::sm90 {\n" + "".join(bwd_launcher(c, dt) for c in cs) +
+            "}  // namespace jfm::sm90\n")
+
+
+def units(configs):
+    """{unit config: [the config, its soft-cap twin if listed]}: a twin shares its unit (the
+    number of units stays that of the configurations without the cap)."""
+    out = {}
+    for c in configs:
+        base = dataclasses.replace(c, soft_cap=False)
+        if base not in configs:
+            raise SystemExit(f"{c.name}: a soft-cap config needs its twin without the cap listed")
+        out.setdefault(base, []).append(c)
+    return out
 
 
 def table(m) -> str:
-    lines = [HEADER, "// JFM_FWD_CONFIG(name, head_dim, block_n, block_m)\n",
-             "// JFM_BWD_CONFIG(name, head_dim, block_n, block_m, persistent)\n"]
+    lines = [HEADER, "// JFM_FWD_CONFIG(name, head_dim, block_n, block_m, soft_cap)\n",
+             "// JFM_BWD_CONFIG(name, head_dim, block_n, block_m, persistent, soft_cap)\n"]
     for c in m.FORWARD_CONFIGS:
         lines.append(f"#if JFM_BUILD_D{c.head_dim}\nJFM_FWD_CONFIG({c.name}, {c.head_dim}, "
-                     f"{c.block_n}, {c.block_m})\n#endif\n")
+                     f"{c.block_n}, {c.block_m}, {int(c.soft_cap)})\n#endif\n")
     for c in m.BACKWARD_CONFIGS:
         lines.append(f"#if JFM_BUILD_D{c.head_dim}\nJFM_BWD_CONFIG({c.name}, {c.head_dim}, "
-                     f"{c.block_n}, {c.block_m}, {int(c.persistent)})\n#endif\n")
+                     f"{c.block_n}, {c.block_m}, {int(c.persistent)}, {int(c.soft_cap)})\n#endif\n")
     return "".join(lines)
 
 
@@ -94,10 +117,10 @@ def files() -> dict[str, str]:
     m = load_configs()
     out = {"kernel_table.inc": table(m)}
     for dt in m.DTYPES:
-        for c in m.FORWARD_CONFIGS:
-            out[f"{c.name}_{dt}.cu"] = fwd_unit(c, dt)
-        for c in m.BACKWARD_CONFIGS:
-            out[f"{c.name}_{dt}.cu"] = bwd_unit(c, dt)
+        for c, cs in units(m.FORWARD_CONFIGS).items():
+            out[f"{c.name}_{dt}.cu"] = fwd_unit(cs, dt)
+        for c, cs in units(m.BACKWARD_CONFIGS).items():
+            out[f"{c.name}_{dt}.cu"] = bwd_unit(cs, dt)
     return out
 
 

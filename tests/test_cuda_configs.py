@@ -1,6 +1,7 @@
 """The Hopper backend's config table, extension loading and argument checks (no GPU needed)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -71,7 +72,11 @@ def test_unsupported_options_are_named():
 def test_config_table():
     """Which kernel each call gets: the shipped configurations, one table row per key."""
     fwd = {(d, s): configs.forward_config(d, s) for d in (64, 128, 256) for s in configs.STRUCTURES}
-    assert {c for c in fwd.values()} == set(configs.FORWARD_CONFIGS)
+    capped = {configs.forward_config(d, s, soft_cap=True) for d in (64, 128, 256)
+              for s in configs.STRUCTURES}
+    assert set(fwd.values()) | capped == set(configs.FORWARD_CONFIGS)
+    # the soft cap: the general kernel of the head dim with the cap, for every structure
+    assert capped == {dataclasses.replace(fwd[d, "general"], soft_cap=True) for d in (64, 128, 256)}
     assert all(fwd[64, s] == configs.ForwardConfig(64, 128, 3, group_walk=True, mask_bits=True)
                for s in configs.STRUCTURES)
     assert all(fwd[128, s] == configs.ForwardConfig(128, 128, 2, group_walk=True, mask_bits=True)
@@ -81,7 +86,11 @@ def test_config_table():
     assert fwd[256, "general"] == configs.ForwardConfig(256, 64, group_walk=True, mask_bits=True)
     bwd = {(d, det, m): configs.backward_config(d, det, m)
            for d in (64, 128, 256) for det in (False, True) for m in (0, 8)}
-    assert set(bwd.values()) == set(configs.BACKWARD_CONFIGS)
+    capped = {(d, det, m): configs.backward_config(d, det, m, soft_cap=True)
+              for d in (64, 128, 256) for det in (False, True) for m in (0, 8)}
+    assert set(bwd.values()) | set(capped.values()) == set(configs.BACKWARD_CONFIGS)
+    # the soft cap: the default (non-deterministic, no margin) kernel with the cap, for every mode
+    assert all(c == dataclasses.replace(bwd[k[0], False, 0], soft_cap=True) for k, c in capped.items())
     assert bwd[64, False, 0] == bwd[64, True, 0] == configs.BackwardConfig(64, 128, 128, mask_regs=True)
     assert bwd[128, False, 0] == configs.BackwardConfig(128, 80, 128, mask_regs=True, lockstep=True)
     assert bwd[128, True, 0] == configs.BackwardConfig(128, 80, 128, mask_regs=True, lockstep=True,
@@ -116,7 +125,9 @@ def test_generated_files_are_current():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     units = sorted(p.name for p in (ROOT / "cc" / "sm90" / "instantiations").glob("*.cu"))
-    assert len(units) == 2 * len(configs.FORWARD_CONFIGS + configs.BACKWARD_CONFIGS)
+    # a soft-cap config shares the unit of its twin without the cap
+    plain = [c for c in configs.FORWARD_CONFIGS + configs.BACKWARD_CONFIGS if not c.soft_cap]
+    assert len(units) == 2 * len(plain)
 
 
 def test_library_code_has_no_switches_or_variant_numbers():
@@ -139,7 +150,7 @@ def test_backward_falls_back_where_no_kernel_is_compiled(monkeypatch):
     monkeypatch.setattr(_extension, "compiled_configs", lambda: frozenset())
     assert cuda.backward(q, q, q, b, q, jnp.zeros((1, 8, 2)), q, scale=0.1,
                          deterministic=True) == "portable"
-    assert seen == [{"scale": 0.1, "deterministic": True}]
+    assert seen == [{"scale": 0.1, "deterministic": True, "logits_soft_cap": None}]
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf")])
@@ -171,3 +182,12 @@ def test_ffi_calls_carry_the_config(monkeypatch):
     hlo = bwd.lower(q, b, lse).as_text()
     assert f'config = "{configs.BWD_D256.name}"' in hlo and "deterministic = 1" in hlo
     assert "tensor<1x4x5x1xi32>" in hlo  # ordering bits [B, N, 300 / 64 tiles, 1 word]
+    # the soft cap: the capped twin of the general kernel, the cap as a float attribute
+    fwd = jax.jit(lambda q, b: cuda.forward(q, q, q, b, scale=0.1, structure="causal",
+                                            logits_soft_cap=30.0))
+    hlo = fwd.lower(q, b).as_text()
+    assert f'config = "{configs.FWD_D256_SOFTCAP.name}"' in hlo and "softcap = 3.000000e+01" in hlo
+    bwd = jax.jit(lambda q, b, lse: cuda.backward(q, q, q, b, q, lse, q, None, scale=0.1,
+                                                  logits_soft_cap=30.0))
+    hlo = bwd.lower(q, b, lse).as_text()
+    assert f'config = "{configs.BWD_D256_SOFTCAP.name}"' in hlo and "softcap = 3.000000e+01" in hlo

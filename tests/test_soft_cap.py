@@ -60,10 +60,26 @@ def test_soft_cap_forward_and_grad(impl, name, make):
         np.testing.assert_allclose(a, b, atol=5e-5, rtol=5e-5)
 
 
-def test_soft_cap_cuda_refuses_and_bad_values():
+def test_soft_cap_bad_values_and_kernel_configs():
+    """Bad caps raise on every path; each soft-cap kernel config is picked only with a cap and
+    the kernel calls refuse a config that does not match (before anything is lowered)."""
+    from jax_flashmask.backends.cuda import configs, ops
+
+    for d in configs.HEAD_DIMS:
+        for structure in configs.STRUCTURES:
+            assert configs.forward_config(d, structure, True).soft_cap
+            assert not configs.forward_config(d, structure, False).soft_cap
+        for det in (False, True):
+            for margin in (0, 8):
+                assert configs.backward_config(d, det, margin, True).soft_cap
+                assert not configs.backward_config(d, det, margin, False).soft_cap
+    x = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+    bounds = jnp.zeros((1, 1, 4, 128), jnp.int32)
+    with pytest.raises(ValueError, match="soft cap"):
+        ops.run_forward(configs.FWD_D64, x, x, x, bounds, scale=1.0, logits_soft_cap=30.0)
+    with pytest.raises(ValueError, match="soft cap"):
+        ops.run_forward(configs.FWD_D64_SOFTCAP, x, x, x, bounds, scale=1.0)
     q = jnp.zeros((1, 8, 2, 8))
-    with pytest.raises(NotImplementedError, match="soft cap"):
-        jf.attention(q, q, q, implementation="cuda", logits_soft_cap=30.0)
     for bad in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="logits_soft_cap"):
             jf.attention(q, q, q, implementation="xla", logits_soft_cap=bad)

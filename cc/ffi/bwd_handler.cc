@@ -26,7 +26,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
                    ffi::AnyBuffer bounds, ffi::AnyBuffer o, ffi::AnyBuffer lse,
                    ffi::AnyBuffer dout, ffi::AnyBuffer dlse, float scale,
                    int32_t deterministic, std::string_view config, int32_t sm_margin,
-                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                   float softcap, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dq_accum,
                    ffi::Result<ffi::AnyBuffer> rowstats, ffi::Result<ffi::AnyBuffer> meta,
                    ffi::Result<ffi::AnyBuffer> dq_sem) {
@@ -107,6 +107,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   if (sm_margin < 0)
     return ffi::Error::InvalidArgument("flashmask_bwd: sm_margin must be >= 0");
   p.sm_margin = sm_margin;  // persistent configurations only
+  p.softcap = softcap;
   p.dq_sem = static_cast<uint32_t*>(dq_sem->untyped_data());
   p.dq_sem_capacity = (int64_t)dq_sem->element_count();
 
@@ -139,6 +140,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskBwdSm90, jfm::BwdImpl,
                                   .Attr<int32_t>("deterministic")
                                   .Attr<std::string_view>("config")
                                   .Attr<int32_t>("sm_margin")
+                                  .Attr<float>("softcap")  // 0 = none
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv

@@ -23,7 +23,7 @@ int64_t prod(ffi::AnyBuffer::Dimensions d, size_t from, size_t to) {
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                    ffi::AnyBuffer bounds, float scale, std::string_view config, int32_t sm_margin,
-                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
+                   float softcap, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse,
                    ffi::Result<ffi::AnyBuffer> meta) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              bd = bounds.dimensions();
@@ -81,6 +81,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.config = config.data();
   p.config_len = config.size();
   p.sm_margin = sm_margin;
+  p.softcap = softcap;
 
   const char* msg = nullptr;
   cudaError_t e = flashmask_fwd_sm90(p, stream, &msg);
@@ -106,6 +107,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JfmFlashmaskFwdSm90, jfm::FwdImpl,
                                   .Attr<float>("scale")
                                   .Attr<std::string_view>("config")
                                   .Attr<int32_t>("sm_margin")
+                                  .Attr<float>("softcap")  // 0 = none
                                   .Ret<ffi::AnyBuffer>()  // o
                                   .Ret<ffi::AnyBuffer>()  // lse
                                   .Ret<ffi::AnyBuffer>()  // block-metadata workspace

@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     warpgroup_fence_operand(tSrS);
     {
       const uint32_t cmask[2] = {0u, 0u};  // no mask bits: the element test
-      bwd_exp_tile<T::kQCols, false, true>(tSrS, l2s, 0, sl2, q0, partial, cmask, lts, lte, uts,
-                                           ute, koob);
+      bwd_exp_tile<T::kQCols, false, true, decltype(tSrS), T::kSoftCap>(
+          tSrS, l2s, 0, sl2, q0, partial, cmask, lts, lte, uts, ute, koob, a.softcap_prescale);
     }
     warpgroup_wait<decltype(wait_dp)::value>();
     warpgroup_fence_operand(tSrdP);
@@ -279,11 +279,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     CUTE_UNROLL
     for (int kk = 0; kk < T::kQCols / 8; ++kk) {
       const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk);
+      float2 l2 = make_float2(0.f, 0.f);
+      if constexpr (T::kSoftCap) l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk);
       CUTE_UNROLL
       for (int i = 0; i < 2; ++i) {
         const int e = 4 * kk + 2 * i;
         const float p0 = tSrS(e), p1 = tSrS(e + 1);
-        const float d0 = p0 * (tSrdP(e) - dd.x), d1 = p1 * (tSrdP(e + 1) - dd.y);
+        float d0 = p0 * (tSrdP(e) - dd.x), d1 = p1 * (tSrdP(e + 1) - dd.y);
+        if constexpr (T::kSoftCap) {  // traits.h BwdSoftCap
+          d0 *= softcap_dtanh(p0, l2.x, a.softcap_inv_sl2);
+          d1 *= softcap_dtanh(p1, l2.y, a.softcap_inv_sl2);
+        }
         // round to nearest, as static_cast<Elem> in the d = 64 / 128 kernels
         pk[kk][i] = (uint32_t)static_cast<Elem>(p0).raw() | ((uint32_t)static_cast<Elem>(p1).raw() << 16);
         dk[kk][i] = (uint32_t)static_cast<Elem>(d0).raw() | ((uint32_t)static_cast<Elem>(d1).raw() << 16);

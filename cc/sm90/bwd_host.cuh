@@ -72,7 +72,12 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   a.heads_per_kv = p.N / p.K;
   a.heads_per_mask = p.N / p.Hm;
   a.scale = p.scale;
-  a.scale_log2 = p.scale * 1.4426950408889634f;
+  // soft cap: the kernels scale tanh(S * scale / cap) by cap (traits.h BwdSoftCap); dK / dQ keep
+  // the factor `scale` of d(S * scale) / dS
+  const bool cap = p.softcap > 0.f;
+  a.scale_log2 = (cap ? p.softcap : p.scale) * 1.4426950408889634f;
+  a.softcap_prescale = cap ? p.scale / p.softcap : 0.f;
+  a.softcap_inv_sl2 = cap ? 1.f / a.scale_log2 : 0.f;
   a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
   a.deterministic = p.deterministic ? 1 : 0;
   a.dq_sem = p.dq_sem;

@@ -522,19 +522,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // P^T = exp2(S^T * scale * log2(e) - lse2), zero where masked. kMaskRegs: one loop
         // per case (no per-element test of `partial`), the masked one tests one bit per element.
         auto exp_tile = [&](auto masked_c) {
-          bwd_exp_tile<Bm, decltype(masked_c)::value, !T::kMaskRegs>(
-              tSrS, l2s, col_b, sl2, ms, partial, cmask, lts, lte, uts, ute, koob);
+          bwd_exp_tile<Bm, decltype(masked_c)::value, !T::kMaskRegs, decltype(tSrS), T::kSoftCap>(
+              tSrS, l2s, col_b, sl2, ms, partial, cmask, lts, lte, uts, ute, koob,
+              a.softcap_prescale);
         };
         if constexpr (T::kMaskRegs) {
           if (partial) exp_tile(std::true_type{});
           else exp_tile(std::false_type{});
         } else {
-          bwd_exp_tile<Bm, false, true>(tSrS, l2s, col_b, sl2, ms, partial, cmask, lts, lte, uts, ute,
-                                        koob);
+          bwd_exp_tile<Bm, false, true, decltype(tSrS), T::kSoftCap>(
+              tSrS, l2s, col_b, sl2, ms, partial, cmask, lts, lte, uts, ute, koob,
+              a.softcap_prescale);
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrdP);
-        bwd_p_ds<Elem, Bm>(tSrS, tSrdP, dls, col_b, tPrP, tPrdS);
+        bwd_p_ds<Elem, Bm, decltype(tSrS), decltype(tPrP), T::kSoftCap>(
+            tSrS, tSrdP, dls, col_b, tPrP, tPrdS, l2s, a.softcap_inv_sl2);
         if constexpr (!T::kLockstep) {
           bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS, col_b,
                                  64 * wg_b + row_b, st, par);

@@ -130,13 +130,14 @@ __device__ __forceinline__ void bwd_turn_end(int wg, bool last) {
 // column's mask bits (cmask, bit 2 kk + j per query), kElemTest the column bounds on a partial tile
 // (lts / lte / uts / ute of the thread's two key columns, koob: column >= Sk); neither: no mask
 // arithmetic. l2s = the tile's lse2 row statistics in smem, ms = the tile's first query, col_b =
-// the thread's first query column, sl2 = scale * log2(e).
-template <int Bm, bool kMasked, bool kElemTest, class FragC>
+// the thread's first query column, sl2 = scale * log2(e). kSoftCap: the score is first
+// tanh(S^T * prescale) and sl2 = cap * log2(e) (traits.h BwdSoftCap).
+template <int Bm, bool kMasked, bool kElemTest, class FragC, bool kSoftCap = false>
 __device__ __forceinline__ void bwd_exp_tile(FragC& tSrS, const float* l2s, int col_b, float sl2,
                                              int ms, bool partial, const uint32_t (&cmask)[2],
                                              const int (&lts)[2], const int (&lte)[2],
                                              const int (&uts)[2], const int (&ute)[2],
-                                             const bool (&koob)[2]) {
+                                             const bool (&koob)[2], float prescale = 0.f) {
   CUTE_UNROLL
   for (int kk = 0; kk < Bm / 8; ++kk) {
     const float2 l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
@@ -145,7 +146,9 @@ __device__ __forceinline__ void bwd_exp_tile(FragC& tSrS, const float* l2s, int 
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int e = 4 * kk + 2 * i + j;
-        float p = fast_exp2(fmaf(tSrS(e), sl2, -(j == 0 ? l2.x : l2.y)));
+        float s = tSrS(e);
+        if constexpr (kSoftCap) s = fast_tanh(s * prescale);
+        float p = fast_exp2(fmaf(s, sl2, -(j == 0 ? l2.x : l2.y)));
         if constexpr (kMasked) {
           if (cmask[i] & (1u << (2 * kk + j))) p = 0.f;
         } else if constexpr (kElemTest) {
@@ -164,19 +167,24 @@ __device__ __forceinline__ void bwd_exp_tile(FragC& tSrS, const float* l2s, int 
 
 // P^T and dS^T = P^T (dP^T - D) in the GEMM operand type, from P^T (already exp'ed and masked, in
 // tSrS) and dP^T; dls = the tile's D row statistics in smem, col_b = the thread's first query.
-template <class Elem, int Bm, class FragC, class FragA>
+// kSoftCap: dS^T also times 1 - tanh^2 (softcap_dtanh, from P and l2s = the tile's lse2).
+template <class Elem, int Bm, class FragC, class FragA, bool kSoftCap = false>
 __device__ __forceinline__ void bwd_p_ds(FragC const& tSrS, FragC const& tSrdP, const float* dls,
-                                         int col_b, FragA& tPrP, FragA& tPrdS) {
+                                         int col_b, FragA& tPrP, FragA& tPrdS,
+                                         const float* l2s = nullptr, float inv_sl2 = 0.f) {
   CUTE_UNROLL
   for (int kk = 0; kk < Bm / 8; ++kk) {
     const float2 dd = *reinterpret_cast<const float2*>(dls + 8 * kk + col_b);
+    float2 l2 = make_float2(0.f, 0.f);
+    if constexpr (kSoftCap) l2 = *reinterpret_cast<const float2*>(l2s + 8 * kk + col_b);
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int e = 4 * kk + 2 * i + j;
         const float p = tSrS(e);
-        const float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+        float ds = p * (tSrdP(e) - (j == 0 ? dd.x : dd.y));
+        if constexpr (kSoftCap) ds *= softcap_dtanh(p, j == 0 ? l2.x : l2.y, inv_sl2);
         tPrP(e) = static_cast<Elem>(p);
         tPrdS(e) = static_cast<Elem>(ds);
       }

@@ -1,5 +1,6 @@
 // Entry points of the kernels (params.h): check the problem, find the named configuration in the
 // generated table (kernel_table.h) and call its launcher for the dtype. Host code only.
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -10,20 +11,21 @@ namespace jfm {
 namespace sm90 {
 namespace {
 
-#define JFM_FWD_CONFIG(name, d, bn, bm) {#name, d, bn, bm, &run_##name##_bf16, &run_##name##_fp16},
-#define JFM_BWD_CONFIG(name, d, bn, bm, persistent)
+#define JFM_FWD_CONFIG(name, d, bn, bm, cap) \
+  {#name, d, bn, bm, cap != 0, &run_##name##_bf16, &run_##name##_fp16},
+#define JFM_BWD_CONFIG(name, d, bn, bm, persistent, cap)
 constexpr FwdConfigEntry kFwdConfigs[] = {
 #include "instantiations/kernel_table.inc"
-    {nullptr, 0, 0, 0, nullptr, nullptr}};
+    {nullptr, 0, 0, 0, false, nullptr, nullptr}};
 #undef JFM_FWD_CONFIG
 #undef JFM_BWD_CONFIG
 
-#define JFM_FWD_CONFIG(name, d, bn, bm)
-#define JFM_BWD_CONFIG(name, d, bn, bm, persistent) \
-  {#name, d, bn, bm, persistent != 0, &run_##name##_bf16, &run_##name##_fp16},
+#define JFM_FWD_CONFIG(name, d, bn, bm, cap)
+#define JFM_BWD_CONFIG(name, d, bn, bm, persistent, cap) \
+  {#name, d, bn, bm, persistent != 0, cap != 0, &run_##name##_bf16, &run_##name##_fp16},
 constexpr BwdConfigEntry kBwdConfigs[] = {
 #include "instantiations/kernel_table.inc"
-    {nullptr, 0, 0, 0, false, nullptr, nullptr}};
+    {nullptr, 0, 0, 0, false, false, nullptr, nullptr}};
 #undef JFM_FWD_CONFIG
 #undef JFM_BWD_CONFIG
 
@@ -57,7 +59,8 @@ const char* compiled_configs() { return sm90::compiled_configs(); }
 
 namespace {
 
-// The checks every call shares (heads), then the named config's launcher for the dtype.
+// The checks every call shares (heads, head dim, soft cap), then the named config's launcher for
+// the dtype.
 template <class Entry, class Params>
 cudaError_t run_config(const Entry* c, const Params& p, cudaStream_t stream, const char** err,
                        const char* not_compiled, const char* bad_heads, const char* bad_d) {
@@ -67,6 +70,12 @@ cudaError_t run_config(const Entry* c, const Params& p, cudaStream_t stream, con
   }
   if (c == nullptr || c->head_dim != p.d) {
     if (err) *err = c == nullptr ? not_compiled : bad_d;
+    return cudaErrorInvalidValue;
+  }
+  // a NaN cap fails both tests: refused as well
+  if (c->soft_cap ? !(p.softcap > 0.f && p.softcap < INFINITY) : p.softcap != 0.f) {
+    if (err) *err = c->soft_cap ? "flashmask sm90: a soft-cap kernel config needs softcap > 0"
+                                : "flashmask sm90: softcap != 0 needs a soft-cap kernel config";
     return cudaErrorInvalidValue;
   }
   return (p.dtype == DType::kBF16 ? c->bf16 : c->fp16)(p, stream, err);

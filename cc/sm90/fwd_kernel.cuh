@@ -472,7 +472,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       };
       // A partial block's staged bounds live in its K stage: release K only after the mask.
+      // Every key block's finished QK^T passes here first, so this is where a soft cap turns the
+      // scores into tanh(S * scale / cap) (before the mask's -inf, which tanh would lose).
       auto mask_and_release_k = [&](bool partial, int n, cutlass::PipelineState<T::Stages> st) {
+        if constexpr (T::kSoftCap) {
+          CUTE_UNROLL
+          for (int e = 0; e < Bn / 2; ++e) tSrS(e) = fast_tanh(tSrS(e) * a.softcap_prescale);
+        }
         if constexpr (T::kMaskBits) {
           // the words live in the stage's slot until K's release lets the builders reuse it
           // (bits_full was waited for in wait_bits)
@@ -675,15 +681,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // GroupScan: FwdTraitsGroupScan (two-level key-block walk). MaskBits: FwdTraitsMaskBits (no
 // bounds staged: the mask builders read them from global memory, any Sk). Paired:
 // FwdTraitsPaired (two tiles per claim). Otherwise the partial blocks' bounds are staged in smem
-// where Sk % 4 == 0.
+// where Sk % 4 == 0. SoftCap: FwdTraitsSoftCap (the cap is p.softcap).
 template <class Elem, int D, int Bn, int NWG, int Stages, bool Overlap, bool GroupScan, bool MaskBits,
-          bool Paired>
+          bool Paired, bool SoftCap = false>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err) {
   static_assert(!(Paired && (GroupScan || MaskBits)), "paired tiles: the plain walk and mask only");
   using Base = FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>;
   using TG = std::conditional_t<GroupScan, FwdTraitsGroupScan<Base>,
                                 std::conditional_t<Paired, FwdTraitsPaired<Base>, Base>>;
-  using T = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
+  using TM = std::conditional_t<MaskBits, FwdTraitsMaskBits<TG>, TG>;
+  using T = std::conditional_t<SoftCap, FwdTraitsSoftCap<TM>, TM>;
   const int nblk = (p.Sk + Bn - 1) / Bn;
   const int mblk = (p.Sq + T::Bm - 1) / T::Bm;
   const int64_t total_tiles = (int64_t)mblk * p.N * p.B;
@@ -748,7 +755,9 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.nblk = nblk;
   a.heads_per_kv = p.N / p.K;
   a.heads_per_mask = p.N / p.Hm;
-  a.scale_log2 = p.scale * 1.4426950408889634f;
+  // soft cap: the scores are tanh(S * scale / cap), scaled by cap in the softmax
+  a.scale_log2 = (SoftCap ? p.softcap : p.scale) * 1.4426950408889634f;
+  a.softcap_prescale = SoftCap ? p.scale / p.softcap : 0.f;
   // Bulk copies need 16-byte aligned rows of whole 16-byte units: Sk % 4 == 0 (else global loads).
   // Mask-bits kernels never stage bounds (their mask builders read global memory).
   a.smem_bounds = !MaskBits && p.Sk % 4 == 0 &&

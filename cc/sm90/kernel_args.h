@@ -27,6 +27,9 @@ struct KArgs {
   int group_meta;     // kGroupScan kernels: offset in int32 elements from the block
                       // metadata of (b, hm) to its group metadata (int4 {LTSmax, LTEmin, UTSmax,
                       // UTEmin} per group of 32 key blocks); 0 = no group level (every group scanned)
+  // Soft-cap kernels (T::kSoftCap): scores become tanh(S * softcap_prescale) with softcap_prescale
+  // = scale / cap, and scale_log2 = cap * log2(e) scales them in the softmax.
+  float softcap_prescale;
 };
 
 struct BwdArgs {
@@ -72,6 +75,10 @@ struct BwdArgs {
   int walk_clocked;
   uint32_t* walk_clock;
   int walk_sms;
+  // Soft-cap kernels (T::kSoftCap): P = exp2(tanh(S * softcap_prescale) * scale_log2 - lse2) with
+  // scale_log2 = cap * log2(e); softcap_inv_sl2 = 1 / scale_log2 recovers the tanh from P for
+  // dS's factor 1 - tanh^2.
+  float softcap_prescale, softcap_inv_sl2;
 };
 
 }  // namespace jfm::sm90

@@ -21,22 +21,24 @@ namespace jfm::sm90 {
 using FwdRun = cudaError_t (*)(const FwdParams&, cudaStream_t, const char**);
 using BwdRun = cudaError_t (*)(const BwdParams&, cudaStream_t, const char**);
 
+// soft_cap: the configuration applies the logits soft cap and needs a cap > 0 (the others none).
 struct FwdConfigEntry {
   const char* name;
   int head_dim, block_n, block_m;
+  bool soft_cap;
   FwdRun bf16, fp16;
 };
 struct BwdConfigEntry {
   const char* name;
   int head_dim, block_n, block_m;
-  bool persistent;
+  bool persistent, soft_cap;
   BwdRun bf16, fp16;
 };
 
-#define JFM_FWD_CONFIG(name, d, bn, bm)                                                  \
+#define JFM_FWD_CONFIG(name, d, bn, bm, cap)                                             \
   cudaError_t run_##name##_bf16(const FwdParams&, cudaStream_t, const char**);           \
   cudaError_t run_##name##_fp16(const FwdParams&, cudaStream_t, const char**);
-#define JFM_BWD_CONFIG(name, d, bn, bm, persistent)                                      \
+#define JFM_BWD_CONFIG(name, d, bn, bm, persistent, cap)                                 \
   cudaError_t run_##name##_bf16(const BwdParams&, cudaStream_t, const char**);           \
   cudaError_t run_##name##_fp16(const BwdParams&, cudaStream_t, const char**);
 #include "instantiations/kernel_table.inc"

@@ -27,6 +27,9 @@ struct FwdParams {
   // SMs left free (grid = num_SMs - sm_margin CTAs, at least 1), e.g. for NCCL's kernels under
   // context parallelism.
   int sm_margin;
+  // Logits soft cap: the scaled scores s become softcap * tanh(s / softcap) before masking; 0 =
+  // none. Only the configurations compiled with the cap take a positive value (and need one).
+  float softcap;
 };
 
 // Returns cudaSuccess or the launch error. Never synchronizes. `err` (may be null) gets a message
@@ -81,6 +84,7 @@ struct BwdParams {
   size_t config_len;
   // Persistent configurations only: SMs left free (grid = num_SMs - sm_margin CTAs, at least 1).
   int sm_margin;
+  float softcap;  // as in FwdParams
 };
 
 constexpr int kBwdBlockM = 64;   // query rows per tile unless a configuration says otherwise

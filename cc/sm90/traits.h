@@ -3,8 +3,8 @@
 // on with `if constexpr`.
 // Contract: a traits type is all a kernel template needs besides its TMA descriptor types; the
 //   generated instantiation units (instantiations/, from cc/generate_kernels.py) name them.
-//   Derived traits (FwdTraitsGroupScan, FwdTraitsMaskBits, FwdTraitsPaired; BwdMaskRegs,
-//   BwdLockstep, BwdDetAuto80) switch one feature on over a base.
+//   Derived traits (FwdTraitsGroupScan, FwdTraitsMaskBits, FwdTraitsPaired, FwdTraitsSoftCap;
+//   BwdMaskRegs, BwdLockstep, BwdDetAuto80, BwdSoftCap) switch one feature on over a base.
 // Synchronization: none here; the mbarriers and named barriers live in the SharedStorage types.
 // Knobs: FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>, BwdTraits<Elem, D, Persist, Bm>,
 //   BwdD256Traits<Elem>, and the derived feature traits.
@@ -54,6 +54,8 @@ struct FwdTraits {
   // Paired tiles (FwdTraitsPaired below): the persistent grid hands out pairs of tiles, the second
   // one walked from its last key block down.
   static constexpr bool kPaired = false;
+  // Logits soft cap (FwdTraitsSoftCap below): tanh on the scores before the mask.
+  static constexpr bool kSoftCap = false;
   static constexpr int kRegConsumer = NWG == 3 ? 160 : (kWideRegs ? 240 : 232);
   static_assert(NWG <= 3, "at most three consumer warpgroups (named barriers 1..3)");
   static_assert(D % 64 == 0, "head dim must be a multiple of 64");
@@ -180,6 +182,14 @@ struct FwdTraitsPaired : Base {
   static_assert(!Base::kGroupScan, "paired tiles walk one level of metadata");
 };
 
+// Logits soft cap over any forward traits: each QK^T tile becomes tanh(S * scale / cap) before
+// the mask, and the softmax scales it by cap * log2(e) (KArgs::softcap_prescale, scale_log2).
+// One MUFU.TANH per score beside the exp's MUFU.EX2; the kernels without it are unchanged.
+template <class Base>
+struct FwdTraitsSoftCap : Base {
+  static constexpr bool kSoftCap = true;
+};
+
 // The backward kernels of bwd_kernel.cuh (d = 64 / 128). Persist_ = false:
 // flashmask_bwd_kernel on BwdSingleTileScheduler, one CTA per work item (key block, kv head,
 // batch); true: on BwdPersistentScheduler, the same per-item code on a persistent grid. Bm_ =
@@ -196,6 +206,7 @@ struct BwdTraits {
   static constexpr bool kMaskRegs = false;  // true: BwdMaskRegs
   static constexpr bool kLockstep = false;  // true: BwdLockstep
   static constexpr bool kDetGroups = false;  // true: BwdDetAuto80 (deterministic launch groups)
+  static constexpr bool kSoftCap = false;    // true: BwdSoftCap
   // Bm = 80 (BwdRows80): dQ^T = K^T dS^T (keys on K, d on M: 64 d-rows per warpgroup,
   // the 80 query rows on N), one dQ buffer (the smem budget).
   static constexpr bool kDqTrans = Bm_ == 80;
@@ -359,9 +370,18 @@ struct BwdDetAuto80 : Base {
                 "deterministic launch groups: the 80-row kernel");
 };
 
+// Logits soft cap over any backward traits: P from tanh(S * scale / cap) as in the forward,
+// and dS multiplied by 1 - tanh^2, the tanh recovered from P and the row's lse (one MUFU.LG2
+// per score instead of a second S fragment held across the dP GEMM).
+template <class Base>
+struct BwdSoftCap : Base {
+  static constexpr bool kSoftCap = true;
+};
+
 template <class Elem_>
 struct BwdD256Traits {
   using Elem = Elem_;
+  static constexpr bool kSoftCap = false;  // true: BwdSoftCap
   static constexpr int D = 256, Bm = kBwdBlockM, Bn = 64, NWG = 2, Stages = 2, kPdsBufs = 2;
   static constexpr int kThreads = 128 * (NWG + 1);
   static constexpr int kQCols = Bm / NWG;  // query columns of S^T / dP^T per warpgroup

@@ -41,10 +41,6 @@ def choose(implementation, query, *, logits_soft_cap=None) -> str:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation is not None:
         if implementation == "cuda":
-            if logits_soft_cap is not None:
-                raise NotImplementedError(
-                    "the Hopper kernels have no logits soft cap yet: use implementation='xla' "
-                    "(or None, which picks it) with logits_soft_cap")
             reason = cuda_unavailable_reason()
             if reason is not None:
                 raise NotImplementedError(
@@ -52,7 +48,8 @@ def choose(implementation, query, *, logits_soft_cap=None) -> str:
                     "Use implementation='xla' (portable) or None (best available).")
             cuda.check_supported(query.shape, query.dtype, query.shape[-1])
         return implementation
-    if logits_soft_cap is None and cuda_unavailable_reason() is None:
+    del logits_soft_cap  # every path takes it
+    if cuda_unavailable_reason() is None:
         try:
             cuda.check_supported(query.shape, query.dtype, query.shape[-1])
             return "cuda"

@@ -27,9 +27,10 @@ pytestmark = [
 
 
 def bwd_configs(d, pred=lambda c: True):
-    """The backward configs compiled for head dim d (a development build may lack some)."""
+    """The backward configs compiled for head dim d (a development build may lack some); the
+    soft-cap configs have their own tests (test_cuda_softcap.py)."""
     got = [c for c in configs.BACKWARD_CONFIGS
-           if c.head_dim == d and c.name in cuda.compiled_configs() and pred(c)]
+           if c.head_dim == d and c.name in cuda.compiled_configs() and pred(c) and not c.soft_cap]
     if not got:
         pytest.skip(f"no backward config compiled for d={d}")
     return got
@@ -138,7 +139,7 @@ def _assert_equal(x, y, msg):
                                   err_msg=msg)
 
 
-ALL = [c.name for c in configs.BACKWARD_CONFIGS]
+ALL = [c.name for c in configs.BACKWARD_CONFIGS if not c.soft_cap]
 
 
 def _cfg(name):
@@ -263,7 +264,8 @@ def test_many_key_blocks_and_heads(d):
             _assert_equal(x, y, f"{cfg.name} dK / dV default vs deterministic")
 
 
-@pytest.mark.parametrize("name", [c.name for c in configs.BACKWARD_CONFIGS if not c.persistent])
+@pytest.mark.parametrize("name", [c.name for c in configs.BACKWARD_CONFIGS
+                                  if not c.persistent and not c.soft_cap])
 @pytest.mark.parametrize("N,K", [(8, 8), (8, 2)])
 def test_zero_ahead_on_a_dirty_workspace(N, K, name):
     """The one-CTA-per-item kernels zero each (kv head, batch) pair's dQ rows one pair ahead of
@@ -300,7 +302,11 @@ def test_vmap_matches_batched(d):
                                                        deterministic=det)))
         got = vf(q, k, v, b, out, lse, do)
         for x, y in zip(got, ref):
-            _assert_equal(x[:, 0], y, f"vmap d={d} det={det}")
+            if det:
+                _assert_equal(x[:, 0], y, f"vmap d={d} det={det}")
+            else:  # dQ's reduce-adds land in any order (three key blocks at d = 256): rounding only
+                np.testing.assert_allclose(np.asarray(x[:, 0], np.float32), np.asarray(y, np.float32),
+                                           rtol=2e-2, atol=2e-2, err_msg=f"vmap d={d}")
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

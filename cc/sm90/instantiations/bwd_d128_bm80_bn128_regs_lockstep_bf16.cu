@@ -6,4 +6,7 @@ namespace jfm::sm90 {
 cudaError_t run_bwd_d128_bm80_bn128_regs_lockstep_bf16(const BwdParams& p, cudaStream_t s, const char** err) {
   return launch_bwd_impl<BwdLockstep<BwdMaskRegs<BwdTraits<cutlass::bfloat16_t, 128, false, 80>>>>(p, s, err);
 }
+cudaError_t run_bwd_d128_bm80_bn128_regs_lockstep_softcap_bf16(const BwdParams& p, cudaStream_t s, const char** err) {
+  return launch_bwd_impl<BwdSoftCap<BwdLockstep<BwdMaskRegs<BwdTraits<cutlass::bfloat16_t, 128, false, 80>>>>>(p, s, err);
+}
 }  // namespace jfm::sm90

@@ -5,4 +5,7 @@ namespace jfm::sm90 {
 cudaError_t run_bwd_d256_bm64_bn64_bf16(const BwdParams& p, cudaStream_t s, const char** err) {
   return launch_bwd_d256_impl<BwdD256Traits<cutlass::bfloat16_t>>(p, s, err);
 }
+cudaError_t run_bwd_d256_bm64_bn64_softcap_bf16(const BwdParams& p, cudaStream_t s, const char** err) {
+  return launch_bwd_d256_impl<BwdSoftCap<BwdD256Traits<cutlass::bfloat16_t>>>(p, s, err);
+}
 }  // namespace jfm::sm90

@@ -5,4 +5,7 @@ namespace jfm::sm90 {
 cudaError_t run_bwd_d64_bm128_bn128_regs_fp16(const BwdParams& p, cudaStream_t s, const char** err) {
   return launch_bwd_impl<BwdMaskRegs<BwdTraits<cutlass::half_t, 64, false, 128>>>(p, s, err);
 }
+cudaError_t run_bwd_d64_bm128_bn128_regs_softcap_fp16(const BwdParams& p, cudaStream_t s, const char** err) {
+  return launch_bwd_impl<BwdSoftCap<BwdMaskRegs<BwdTraits<cutlass::half_t, 64, false, 128>>>>(p, s, err);
+}
 }  // namespace jfm::sm90

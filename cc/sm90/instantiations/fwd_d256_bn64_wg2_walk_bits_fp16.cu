@@ -5,4 +5,7 @@ namespace jfm::sm90 {
 cudaError_t run_fwd_d256_bn64_wg2_walk_bits_fp16(const FwdParams& p, cudaStream_t s, const char** err) {
   return launch_fwd<cutlass::half_t, 256, 64, 2, 2, true, true, true, false>(p, s, err);
 }
+cudaError_t run_fwd_d256_bn64_wg2_walk_bits_softcap_fp16(const FwdParams& p, cudaStream_t s, const char** err) {
+  return launch_fwd<cutlass::half_t, 256, 64, 2, 2, true, true, true, false, true>(p, s, err);
+}
 }  // namespace jfm::sm90

@@ -84,6 +84,19 @@ def _check_sm_margin(sm_margin) -> int:
     return int(sm_margin)
 
 
+def _check_soft_cap(logits_soft_cap, config) -> np.float32:
+    """The cap as the kernels' `softcap` attribute (0 = none), checked against the config."""
+    if logits_soft_cap is not None:
+        logits_soft_cap = float(logits_soft_cap)
+        if not (np.isfinite(logits_soft_cap) and logits_soft_cap > 0):
+            raise ValueError(f"logits_soft_cap must be a finite float > 0, got {logits_soft_cap}")
+    if config.soft_cap != (logits_soft_cap is not None):
+        raise ValueError(f"kernel config {config.name} is for "
+                         f"{'a' if config.soft_cap else 'no'} logits soft cap; got "
+                         f"logits_soft_cap={logits_soft_cap}")
+    return np.float32(logits_soft_cap or 0.0)
+
+
 def _check_deterministic(deterministic) -> bool:
     if not isinstance(deterministic, (bool, np.bool_)):
         raise ValueError(f"deterministic must be a bool, got {type(deterministic).__name__}")
@@ -101,13 +114,15 @@ def _loaded(config):
             f"{', '.join(sorted(compiled))}); rebuild without JAX_FLASHMASK_HEAD_DIMS")
 
 
-def run_forward(config: ForwardConfig, q, k, v, bounds, *, scale: float, sm_margin: int = 0):
+def run_forward(config: ForwardConfig, q, k, v, bounds, *, scale: float, sm_margin: int = 0,
+                logits_soft_cap: float | None = None):
     """The forward kernel `config` on (q, k, v, bounds); see `forward`."""
     scale = _check_scale(scale)
     sm_margin = _check_sm_margin(sm_margin)
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     if not isinstance(config, ForwardConfig) or config.head_dim != d:
         raise ValueError(f"config must be a ForwardConfig for head dim {d}, got {config!r}")
+    softcap = _check_soft_cap(logits_soft_cap, config)
     _loaded(config)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -116,11 +131,12 @@ def run_forward(config: ForwardConfig, q, k, v, bounds, *, scale: float, sm_marg
     )
     call = jax.ffi.ffi_call(FWD_TARGET, out_types, vmap_method="broadcast_all")
     out, lse, _ = call(q, k, v, bounds.astype(jnp.int32), scale=np.float32(scale),
-                       config=config.name, sm_margin=np.int32(sm_margin))
+                       config=config.name, sm_margin=np.int32(sm_margin), softcap=softcap)
     return out, lse
 
 
-def forward(q, k, v, bounds, *, scale: float, sm_margin: int = 0, structure: str = "general"):
+def forward(q, k, v, bounds, *, scale: float, sm_margin: int = 0, structure: str = "general",
+            logits_soft_cap: float | None = None):
     """FlashMask forward on Hopper.
 
     q [B,Sq,N,d], k/v [B,Sk,K,d] (bf16/fp16), bounds int32 [B,Hm,4,Sk] (canonical LTS, LTE, UTS,
@@ -130,14 +146,17 @@ def forward(q, k, v, bounds, *, scale: float, sm_margin: int = 0, structure: str
     sm_margin: SMs the persistent grid leaves free (grid = max(1, num_SMs - sm_margin) CTAs), e.g.
     for NCCL's kernels under context parallelism. structure: "full" / "causal" when `bounds` is
     known to be the unmasked (or causal) mask, "general" otherwise; it only picks the kernel
-    (configs.FORWARD_TABLE), the result is exact for any bounds.
+    (configs.FORWARD_TABLE), the result is exact for any bounds. logits_soft_cap: None, or a cap
+    > 0: the scaled scores s become cap·tanh(s / cap) before the mask (a soft-cap kernel).
     """
-    config = forward_config(q.shape[-1] if q.ndim else 0, structure)
-    return run_forward(config, q, k, v, bounds, scale=scale, sm_margin=sm_margin)
+    config = forward_config(q.shape[-1] if q.ndim else 0, structure, logits_soft_cap is not None)
+    return run_forward(config, q, k, v, bounds, scale=scale, sm_margin=sm_margin,
+                       logits_soft_cap=logits_soft_cap)
 
 
 def run_backward(config: BackwardConfig, q, k, v, bounds, out, lse, dout, dlse=None, *,
-                 scale: float, deterministic: bool = False, sm_margin: int = 0):
+                 scale: float, deterministic: bool = False, sm_margin: int = 0,
+                 logits_soft_cap: float | None = None):
     """The backward kernel `config`; see `backward`."""
     scale = _check_scale(scale)
     sm_margin = _check_sm_margin(sm_margin)
@@ -145,6 +164,7 @@ def run_backward(config: BackwardConfig, q, k, v, bounds, out, lse, dout, dlse=N
     B, Sq, N, d, Sk, K, Hm = _check_problem(q, k, v, bounds)
     if not isinstance(config, BackwardConfig) or config.head_dim != d:
         raise ValueError(f"config must be a BackwardConfig for head dim {d}, got {config!r}")
+    softcap = _check_soft_cap(logits_soft_cap, config)
     if out.shape != q.shape or dout.shape != q.shape:
         raise ValueError(f"out {out.shape} and dout {dout.shape} must match q {q.shape}")
     if lse.shape != (B, Sq, N):
@@ -169,12 +189,12 @@ def run_backward(config: BackwardConfig, q, k, v, bounds, out, lse, dout, dlse=N
     dq, dk, dv, *_ = call(q, k, v, bounds.astype(jnp.int32), out.astype(q.dtype),
                           lse.astype(jnp.float32), dout.astype(q.dtype), dlse,
                           scale=np.float32(scale), deterministic=np.int32(deterministic),
-                          config=config.name, sm_margin=np.int32(sm_margin))
+                          config=config.name, sm_margin=np.int32(sm_margin), softcap=softcap)
     return dq, dk, dv
 
 
 def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
-             deterministic: bool = False, sm_margin: int = 0):
+             deterministic: bool = False, sm_margin: int = 0, logits_soft_cap: float | None = None):
     """FlashMask backward on Hopper: (dq, dk, dv) in the inputs' dtypes.
 
     Same arguments as the forward plus out [B,Sq,N,d], lse float32 [B,Sq,N] (as the forward
@@ -185,7 +205,8 @@ def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
     deterministic=True: bitwise-reproducible gradients (dQ summed over key blocks in a fixed
     order through one bit per (query tile, key block); dK / dV reduce in registers in a fixed
     order in both modes). sm_margin > 0: the persistent kernel, leaving that many SMs free (at
-    d = 256 the kernel runs one CTA per work item and does not honour it).
+    d = 256, and with a logits soft cap, the kernel runs one CTA per work item and does not honour
+    it). logits_soft_cap: as in the forward (dS times the cap's derivative 1 - tanh²).
 
     Where the extension lacks the kernel for the dtype / head dim (a development build of a
     subset), the portable backward runs instead, so a CUDA forward never makes training fail in
@@ -196,13 +217,14 @@ def backward(q, k, v, bounds, out, lse, dout, dlse=None, *, scale: float,
     d = q.shape[-1]
     try:
         check_supported(q.shape, q.dtype, d)
-        config = backward_config(d, deterministic, sm_margin)
+        config = backward_config(d, deterministic, sm_margin, logits_soft_cap is not None)
         if config.name not in _extension.compiled_configs():  # (empty when not loaded)
             raise NotImplementedError(config.name)
     except NotImplementedError:
         from .. import portable  # only the fallback needs the portable path
 
         return portable.backward(q, k, v, bounds, out, lse, dout, dlse, scale=scale,
-                                 deterministic=deterministic)
+                                 deterministic=deterministic, logits_soft_cap=logits_soft_cap)
     return run_backward(config, q, k, v, bounds, out, lse, dout, dlse, scale=scale,
-                        deterministic=deterministic, sm_margin=sm_margin)
+                        deterministic=deterministic, sm_margin=sm_margin,
+                        logits_soft_cap=logits_soft_cap)
