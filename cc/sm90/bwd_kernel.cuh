@@ -37,15 +37,18 @@ namespace jfm::sm90 {
 
 using namespace cute;
 
-// BwdSingleTileScheduler: warp specialized, one CTA per work item. 384 threads: warpgroup 0 = producer
-// (setmaxnreg 24), warpgroups 1-2 = two consumer warpgroups of 64 keys each (setmaxnreg 240):
+// BwdSingleTileScheduler: warp specialized, one CTA per work item. 384 threads: warpgroup 0 =
+// producer (setmaxnreg 24), warpgroups 1-2 = two consumer warpgroups of 64 keys each (240):
 //   warp 0 (one lane): K/V once, then Q/dO (+ the tile's row statistics lse2 and D, by bulk copy
 //     on the same `full` barrier) of every kept tile into the 2-stage ring; a stage is refilled
 //     once both consumer warpgroups arrived on its `empty` barrier (after their last GEMM on it);
 //   warp 1 (dQ writer): per tile, waits for the consumers' fp32 dQ tile in smem (`dq_full`, two
 //     buffers), issues its bulk reduce-add (deterministic mode: after the ordering bits of the key
 //     blocks above say so; then publishes its own bit), frees the buffer (`dq_empty`);
-//   warp 2: deterministic mode only, marks the skipped tiles at CTA start.
+//   warp 2: deterministic mode only, marks the skipped tiles at CTA start;
+//   warp 3: the look-ahead zeroing of the next unit's dQ rows (bwd_zero_unit).
+// Each producer role runs one item loop, the scheduler's (tile_scheduler.cuh: producer_item,
+// writer_item, start_walk): one pass here, every item of the CTA on the persistent grid.
 // The two consumer warpgroups run out of lock-step, so that one's exp/dS math runs under the
 // other's GEMMs:
 //  * the dQ GEMM of tile t is issued two tiles later (in the GEMM section that follows the math of
@@ -59,9 +62,9 @@ using namespace cute;
 //    of the first tile), one per tile, one after (the last tile's dQ GEMM), the same count in both
 //    warpgroups; warpgroup 1 pre-arrives once so that warpgroup 0 goes first and skips its last
 //    arrive, so every named-barrier phase is matched.
-// BwdPersistentScheduler: the same body on a persistent grid (num_SMs - sm_margin
-// CTAs, at most one per work item). A work item is one (key block n, kv head hk, batch b), i.e.
-// one CTA of the pp kernel. Item ids come from BwdArgs::sched: sched[0] is a global counter (zeroed by
+// BwdPersistentScheduler: the same body on a persistent grid (num_SMs - sm_margin CTAs, at most
+// one per work item). A work item is one (key block n, kv head hk, batch b), i.e. one CTA of the
+// pp kernel. Item ids come from BwdArgs::sched: sched[0] is a global counter (zeroed by
 // bwd_sched_sm90 in the same stream before the launch), sched[4 + r] the key block of rank r
 // (bwd_sched_sm90: key blocks by descending query-tile count summed over batch and mask heads,
 // ties ascending; descending key block in deterministic mode). Item i -> (section of
@@ -72,14 +75,13 @@ using namespace cute;
 //    the current item and publishes it in a 2-slot smem ring (sched_full: 1 arrival, sched_empty:
 //    256 consumer threads after the item's epilogue, as they read the item's (n, hk, b) from
 //    the slot at each use instead of keeping them in registers, + the dQ-writer warp's lane 0
-//    on reading it). It then waits kv_empty (all 256
-//    consumer threads past their last dQ GEMM of the item: the last reader of sK / sV) and
-//    loads the next K/V, so the next item's K/V and first Q/dO tiles load under the current
-//    item's dK/dV epilogue.
+//    on reading it). It then waits kv_empty (all 256 consumer threads past their last dQ GEMM
+//    of the item: the last reader of sK / sV) and loads the next K/V, so the next item's K/V and
+//    first Q/dO tiles load under the current item's dK/dV epilogue.
 //  * Tile-indexed barriers (full/empty, ds_full/ds_empty, dq_full/dq_empty) and their parities
 //    run on a tile count that continues across items (consumers: tg + local tile, tg kept mod 4
-//    in a packed state register with the slot / kv parities; producer and
-//    writer: their stage / buffer counters never reset). The last section of an item also
+//    in a packed state register with the slot / kv parities; producer and writer: their stage /
+//    buffer counters never reset). The last section of an item also
 //    arrives on ds_empty (the pp kernel skips it: it ends there), so every use of a buffer
 //    completes exactly one phase.
 //  * The named-barrier turn-taking is balanced per item (warpgroup 1 pre-arrives, warpgroup 0
@@ -110,8 +112,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
 
-  const int4 item = Sched::template first_item<T>(a);  // persistent: none, see `cs`
-  const int n = item.x, hk = item.y, b = item.z, slot = item.w;
+  const Sched sched = Sched::template make<T>(a);
+  const BwdItem cta = sched.first();  // persistent: none, each role takes its items (`cs`)
+  const int n = cta.n, hk = cta.hk, b = cta.b, slot = cta.slot;
   const int tid = threadIdx.x;
   const int lane = tid % 32;
 
@@ -152,24 +155,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
 
-  // The tile walk of the single-tile scheduler (the lock-step consumers read it from the TMA
-  // lane, the others walk it too):
-  // ascending, or (80-row tiles) clocked from tile `rot` = ss.walk_start
-  // >= 0. A clocked walk keeps every tile, so bwd_find_kept gives (g, m) back with its partial
-  // flag, or false past the last head.
+  // The tile walk of the single-tile scheduler, started here for every role (the lock-step
+  // consumers read it from the TMA lane, the others walk it too): ascending, or (80-row tiles)
+  // clocked from tile `rot` = ss.walk_start >= 0. A clocked walk keeps every tile, so
+  // bwd_find_kept gives (g, m) back with its partial flag, or false past the last head.
   int rot = -1;
   if constexpr (kRot) rot = ss.walk_start;
   int g = 0, m = max(rot, 0);
   bool partial = false;
-  bool have = false;  // persistent: per item (the producer warps keep their own)
+  bool have = false;  // persistent: per item and role (Sched::start_walk)
   if constexpr (!kPersist) have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-  auto next_kept = [&](int& g_, int& m_, bool& partial_) {
+  auto next_kept = [&](const BwdItem& w, int& g_, int& m_, bool& partial_) {
     ++m_;
     if (kRot && rot >= 0) {
       if (m_ == a.mblk) m_ = 0;
       if (m_ == rot) ++g_;  // head g_ done: the next one from rot
     }
-    return bwd_find_kept<Bm, Bn>(a, b, hk, n, g_, m_, partial_);
+    return bwd_find_kept<Bm, Bn>(a, w.b, w.hk, w.n, g_, m_, partial_);
   };
   // Lock-step consumers: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
   // slot [stage] before its `full` arrive (release; the consumers read it after their `full`
@@ -181,107 +183,33 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
     const int warp = tid / 32;
-    if constexpr (kPersist) {
-      // dQ-writer side of the item ring: id of item `it` (called once per item, in order; the
-      // consumers read the slot directly, see `cs` below).
-      auto next_item = [&](int it) {
-        const int s = it & 1;
-        pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
-        return *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
-      };
-      if (warp == 0) {
-        if (lane == 0) {
-          Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-          Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-          Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-          Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-          int stage = 0, phase = 0, kvu = 0;
-          for (int it = 0;; ++it) {
-            const int s = it & 1;
-            Barrier::wait(&ss.x.sched_empty[s], ((it >> 1) & 1) ^ 1);  // slot read by all readers
-            // every id, the first included, from the counter: ids go out in increasing order and
-            // only to running CTAs (the deterministic mode's deadlock argument needs both)
-            const int item = atomicAdd(a.sched, 1);
-            BwdItem w{0, 0, 0};
-            if (item < a.items_total) w = bwd_decode_item(a, item);
-            volatile int* slot = &ss.x.item[s][0];
-            slot[0] = item;
-            slot[1] = w.n;
-            slot[2] = w.hk;
-            slot[3] = w.b;
-            pp_arrive(&ss.x.sched_full[s]);  // release: the slot stores are visible to the waiters
-            if (item >= a.items_total) break;
-            const int n = w.n, hk = w.hk, b = w.b;
-            int g = 0, m = 0;
-            bool partial = false;
-            bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-            if (!have) continue;
-            // K / V of the previous item fully read (last dQ GEMM done in both warpgroups)
-            if (kvu > 0) Barrier::wait(&ss.x.kv_empty, (kvu - 1) & 1);
-            ++kvu;
-            bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
-            while (have) {
-              Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
-              const int h = hk * a.heads_per_kv + g;
-              auto [tQg, tQs, tdOg, tdOs] =
-                  bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
-              Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                            2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-              copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-              copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-              bwd_load_rowstats<Bm>(a, ss, b, h, m, stage);
-              if (++stage == S) { stage = 0; phase ^= 1; }
-              ++m;
-              have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-            }
-          }
-        }
-      } else if (warp == 1) {
-        // dQ writer (as the pp kernel's) + deterministic skip marks, item by item; lane 0 releases the slot
-        int buf = 0, phase = 0;
+    if (warp == 0) {
+      if (lane == 0) {
+        // only clocked walks advance the clock: the phase it measures is theirs
+        const bool on_clock = kRot && rot >= 0;
+        Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
+        Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
+        int stage = 0, phase = 0, kvu = 0;
         for (int it = 0;; ++it) {
-          const int item = next_item(it);
-          __syncwarp();
-          if (lane == 0) pp_arrive(&ss.x.sched_empty[it & 1]);
-          if (item >= a.items_total) break;
-          const BwdItem w = bwd_decode_item(a, item);
-          const int n = w.n, hk = w.hk, b = w.b;
-          if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, n, lane);
-          if (!a.dq_bulk) continue;
-          int g = 0, m = 0;
-          bool partial = false;
-          bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-          while (have) {
-            const int h = hk * a.heads_per_kv + g;
-            bwd_write_dq_tile<Bm, D>(a, ss, b, h, m, n, lane, buf, phase);
-            if (++buf == 2) { buf = 0; phase ^= 1; }
-            ++m;
-            have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
-          }
-        }
-        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-      }
-    } else {
-      if (warp == 0) {
-        if (lane == 0 && have) {
-          // only clocked walks advance the clock: the phase it measures is theirs
-          const bool on_clock = kRot && rot >= 0;
-          Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-          Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
-          Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-          Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
-          int stage = 0, phase = 0;
+          BwdItem w;
+          if (!sched.producer_item(a, ss, it, w)) break;
+          sched.template start_walk<Bm, Bn>(a, w, g, m, partial, have);
+          if (!have) continue;
+          sched.producer_kv_acquire(ss, kvu);
+          ++kvu;
+          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
           while (have) {
             Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
-            const int h = hk * a.heads_per_kv + g;
+            const int h = w.hk * a.heads_per_kv + g;
             auto [tQg, tQs, tdOg, tdOs] =
-                bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
+                bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, w.b);
             // lock-step: the next kept tile first, so that this one's slot says if it is the last
             int gn = g, mn = m;
             bool pn = false, more = false;
             if constexpr (T::kLockstep) {
-              more = next_kept(gn, mn, pn);
+              more = next_kept(w, gn, mn, pn);
               const int info = g | (partial ? 1 << 30 : 0) | (more ? 0 : (int)(1u << 31));
               asm volatile("st.shared.v2.s32 [%0], {%1, %2};\n" ::"r"(
                                cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
@@ -290,11 +218,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             Barrier::arrive_and_expect_tx(&ss.full[stage],
                                           2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
             if constexpr (kRot) {
-              if (on_clock) asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
+              if (on_clock)
+                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock)
+                             : "memory");
             }
             copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
             copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-            bwd_load_rowstats<Bm>(a, ss, b, h, m, stage);
+            bwd_load_rowstats<Bm>(a, ss, w.b, h, m, stage);
             if (++stage == S) { stage = 0; phase ^= 1; }
             if constexpr (T::kLockstep) {
               g = gn;
@@ -302,29 +232,40 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               partial = pn;
               have = more;
             } else {
-              have = next_kept(g, m, partial);
+              have = next_kept(w, g, m, partial);
             }
           }
         }
-      } else if (warp == 1) {
-        if (a.dq_bulk) {  // dQ writer
-          int buf = 0, phase = 0;
+      }
+    } else if (warp == 1) {
+      // dQ writer; with Sched::kWriterTakesItems also the item's skip marks (deterministic mode)
+      if (Sched::kWriterTakesItems || a.dq_bulk) {
+        int buf = 0, phase = 0;
+        for (int it = 0;; ++it) {
+          BwdItem w;
+          if (!sched.writer_item(a, ss, it, lane, w)) break;
+          if (Sched::kWriterTakesItems && a.deterministic)
+            bwd_mark_skipped<Bm>(a, w.b, w.hk, w.n, w.slot, lane);
+          if (!a.dq_bulk) continue;
+          sched.template start_walk<Bm, Bn>(a, w, g, m, partial, have);
           // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
           // long before the first dQ tile: the CTAs it waits for were launched before this one)
-          if (have && a.zero_count != nullptr) bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
+          if (Sched::kZeroAhead && have && a.zero_count != nullptr)
+            bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
           while (have) {
-            const int h = hk * a.heads_per_kv + g;
-            bwd_write_dq_tile<Bm, D>(a, ss, b, h, m, slot, lane, buf, phase);
+            const int h = w.hk * a.heads_per_kv + g;
+            bwd_write_dq_tile<Bm, D>(a, ss, w.b, h, m, w.slot, lane, buf, phase);
             if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
-            have = next_kept(g, m, partial);
+            have = next_kept(w, g, m, partial);
           }
-          if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         }
-      } else if (warp == 2) {
-        if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
-      } else if (a.zero_count != nullptr) {  // warp 3
-        bwd_zero_next_unit<D>(a, bwd_zero_unit<T>(a), lane);
+        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
+    } else if (warp == 2) {
+      if (!Sched::kWriterTakesItems && a.deterministic)
+        bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
+    } else if (Sched::kZeroAhead && a.zero_count != nullptr) {  // warp 3
+      bwd_zero_next_unit<D>(a, bwd_zero_unit<T>(a), lane);
     }
     return;
   }

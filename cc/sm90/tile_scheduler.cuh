@@ -1,16 +1,21 @@
-// Work-item schedulers of the backward: the pp kernel's item of its CTA (plain grid (nblk, K, B),
-// or in deterministic mode the interleaved launch groups and the pre-pass's key-block order) and
-// the key block at a launch position; the persistent grid's item decode (bwd_decode_item); the
-// schedulers as types for flashmask_bwd_kernel (bwd_kernel.cuh). The forward's tile order is in
-// its kernel (heaviest first, pairs with FwdTraitsPaired).
+// Work-item schedulers of the backward, as types for flashmask_bwd_kernel (bwd_kernel.cuh):
+// BwdSingleTileScheduler, the pp kernel's item of its CTA (plain grid (nblk, K, B), or in
+// deterministic mode the interleaved launch groups and the pre-pass's key-block order), and
+// BwdPersistentScheduler, the persistent grid's item ring (bwd_decode_item); both give each role
+// its items through one interface (producer_item, writer_item, start_walk, item_view), so that
+// the kernel has one item loop per role. The forward's tile order is in its kernel (heaviest
+// first, pairs with FwdTraitsPaired).
 // Contract: every (key block, kv head, batch) item exactly once; in deterministic mode a CTA only
 //   waits for ordering slots above its own of its own pair, all at lower grid positions
 //   (deadlock-free without co-residency).
-// Synchronization: none here (the ordering bits are in epilogue.cuh).
-// Knobs: BwdArgs::det_group (0: the device pre-pass's G), BwdArgs::det_perm.
+// Synchronization: the persistent grid's item ring (sched_full / sched_empty) and K / V release
+//   (kv_empty); the ordering bits are in epilogue.cuh.
+// Knobs: BwdArgs::det_group (0: the device pre-pass's G), BwdArgs::det_perm, BwdArgs::sec_heads.
 #pragma once
 
 #include "kernel_args.h"
+#include "mask_walk.cuh"
+#include "primitives.cuh"
 
 namespace jfm::sm90 {
 
@@ -18,9 +23,9 @@ using namespace cute;
 
 // Deterministic mode: the key block at launch position r of pair (hk, b), whose ordering slot is
 // nblk - 1 - r: the pre-pass's order when the launcher asked for it (BwdArgs::det_perm: every
-// deterministic launch but the persistent grid's) and the pre-pass took it (sched[2]: inverted tails), else the
-// descending key block nblk - 1 - r. A CTA waits only for the slots above its own, i.e. for
-// positions launched before it, so any order is deadlock-free.
+// deterministic launch but the persistent grid's) and the pre-pass took it (sched[2]: inverted
+// tails), else the descending key block nblk - 1 - r. A CTA waits only for the slots above its
+// own, i.e. for positions launched before it, so any order is deadlock-free.
 __device__ __forceinline__ int bwd_det_key_block(const BwdArgs& a, int b, int hk, int r) {
   if (a.det_perm && __ldg(a.sched + 2)) {
     const int hm = hk * a.heads_per_kv / a.heads_per_mask;
@@ -54,8 +59,10 @@ __device__ __forceinline__ int4 bwd_pp_item(const BwdArgs& a) {
   return make_int4(r, hk, b, r);
 }
 
+// A work item: key block n of kv head hk, batch b, and its ordering slot (deterministic mode:
+// the key block's place in each query tile's dQ summation order).
 struct BwdItem {
-  int n, hk, b;
+  int n, hk, b, slot;
 };
 __device__ __forceinline__ BwdItem bwd_decode_item(const BwdArgs& a, int i) {
   const int heads = a.B * a.K;
@@ -70,14 +77,25 @@ __device__ __forceinline__ BwdItem bwd_decode_item(const BwdArgs& a, int i) {
   w.n = a.sched[4 + r];
   w.hk = head % a.K;
   w.b = head / a.K;
+  w.slot = w.n;  // descending key block (bwd_sched_sm90)
   return w;
 }
 
 // The backward's schedulers as types (flashmask_bwd_kernel's Sched): BwdSingleTileScheduler, one
 // work item per CTA (bwd_pp_item), and BwdPersistentScheduler, a persistent grid whose producer
 // takes every item id from the counter (bwd_decode_item) and hands it to the other roles in an
-// smem slot. item_view: the consumers' view of the current item's (n, hk, b), registers or that
-// slot (read at each use: the persistent consumers have no registers to spare).
+// smem slot. Both give each role its items the same way, so that a role has one item loop:
+//   for (int it = 0;; ++it) { BwdItem w; if (!sched.producer_item(a, ss, it, w)) break; ... }
+// (the TMA lane; the dQ-writer warp: sched.writer_item(a, ss, it, lane, w))
+// (single tile: item 0 is the CTA's, there is no item 1: a loop of one pass, which the compiler
+// removes), and start_walk: the first kept tile (g, m, partial, have) of the item (single tile:
+// walked once at CTA start by every thread, shared by the roles; persistent: per item and role).
+// item_view: the consumers' view of the current item's (n, hk, b), registers or the smem slot
+// (read at each use: the persistent consumers have no registers to spare). The role duties that
+// differ are flags: kWriterTakesItems (the dQ-writer warp releases every item slot, so it runs
+// whatever the dQ mode, and it marks each item's skipped tiles as it takes it; single tile: warp 2
+// marks them at CTA start), kZeroAhead (the look-ahead zeroing of bwd_zero_unit, which needs the
+// single-tile grid's launch order).
 struct BwdItemRegs {
   int n_, hk_, b_;
   __device__ __forceinline__ int n() const { return n_; }
@@ -92,8 +110,34 @@ struct BwdItemSlot {
 };
 struct BwdSingleTileScheduler {
   static constexpr bool kPersistent = false;
+  static constexpr bool kWriterTakesItems = false;
+  static constexpr bool kZeroAhead = true;
+  BwdItem cta;  // this CTA's item
+
   template <class T>
-  static __device__ __forceinline__ int4 first_item(const BwdArgs& a) { return bwd_pp_item<T>(a); }
+  static __device__ __forceinline__ BwdSingleTileScheduler make(const BwdArgs& a) {
+    const int4 i = bwd_pp_item<T>(a);
+    return BwdSingleTileScheduler{BwdItem{i.x, i.y, i.z, i.w}};
+  }
+  __device__ __forceinline__ BwdItem first() const { return cta; }
+  template <class Storage>
+  __device__ __forceinline__ bool producer_item(const BwdArgs&, Storage&, int it,
+                                                BwdItem& w) const {
+    w = cta;
+    return it == 0;
+  }
+  template <class Storage>
+  __device__ __forceinline__ bool writer_item(const BwdArgs&, Storage&, int it, int,
+                                              BwdItem& w) const {
+    w = cta;
+    return it == 0;
+  }
+  template <int Bm, int Bn>
+  __device__ __forceinline__ void start_walk(const BwdArgs&, const BwdItem&, int&, int&, bool&,
+                                             bool&) const {}
+  // The TMA lane, before loading K / V: nothing to wait for (one item).
+  template <class Storage>
+  __device__ __forceinline__ void producer_kv_acquire(Storage&, int) const {}
   static __device__ __forceinline__ BwdItemRegs item_view(const volatile int*, int n, int hk,
                                                           int b) {
     return BwdItemRegs{n, hk, b};
@@ -101,9 +145,68 @@ struct BwdSingleTileScheduler {
 };
 struct BwdPersistentScheduler {
   static constexpr bool kPersistent = true;
+  static constexpr bool kWriterTakesItems = true;
+  static constexpr bool kZeroAhead = false;
+
   template <class T>
-  static __device__ __forceinline__ int4 first_item(const BwdArgs&) {
-    return make_int4(0, 0, 0, 0);
+  static __device__ __forceinline__ BwdPersistentScheduler make(const BwdArgs&) {
+    return BwdPersistentScheduler{};
+  }
+  __device__ __forceinline__ BwdItem first() const { return BwdItem{0, 0, 0, 0}; }  // per role
+  // The TMA lane: item `it` of this CTA into ring slot it % 2 (sched_full: 1 arrival; it waits
+  // for sched_empty, i.e. every reader done with the slot's previous item). Every id, the first
+  // included, comes from the counter: ids go out in increasing order and only to running CTAs
+  // (the deterministic mode's deadlock argument needs both). false: no items left (published as
+  // such, so that the other roles stop too).
+  template <class Storage>
+  __device__ __forceinline__ bool producer_item(const BwdArgs& a, Storage&, int it,
+                                                BwdItem& w) const {
+    using Barrier = cutlass::arch::ClusterTransactionBarrier;
+    // the storage from the kernel's dynamic shared memory, not from the parameter (its type
+    // only): the slot and barrier addresses then fold into constants as in the kernel body
+    // (through the parameter: a common base register, other code)
+    extern __shared__ __align__(1024) char smem_raw[];
+    Storage& ss = *reinterpret_cast<Storage*>(smem_raw);
+    const int s = it & 1;
+    Barrier::wait(&ss.x.sched_empty[s], ((it >> 1) & 1) ^ 1);  // slot read by all readers
+    const int item = atomicAdd(a.sched, 1);
+    w = BwdItem{0, 0, 0, 0};
+    if (item < a.items_total) w = bwd_decode_item(a, item);
+    volatile int* slot = &ss.x.item[s][0];
+    slot[0] = item;
+    slot[1] = w.n;
+    slot[2] = w.hk;
+    slot[3] = w.b;
+    pp_arrive(&ss.x.sched_full[s]);  // release: the slot stores are visible to the waiters
+    return item < a.items_total;
+  }
+  // The dQ-writer warp: item `it` from its ring slot, which lane 0 then releases (the consumers
+  // read the slot directly and release it after their epilogue).
+  template <class Storage>
+  __device__ __forceinline__ bool writer_item(const BwdArgs& a, Storage& ss, int it, int lane,
+                                              BwdItem& w) const {
+    const int s = it & 1;
+    pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
+    const int item = *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
+    __syncwarp();
+    if (lane == 0) pp_arrive(&ss.x.sched_empty[s]);
+    if (item >= a.items_total) return false;
+    w = bwd_decode_item(a, item);
+    return true;
+  }
+  template <int Bm, int Bn>
+  __device__ __forceinline__ void start_walk(const BwdArgs& a, const BwdItem& w, int& g, int& m,
+                                             bool& partial, bool& have) const {
+    g = 0;
+    m = 0;
+    partial = false;
+    have = bwd_find_kept<Bm, Bn>(a, w.b, w.hk, w.n, g, m, partial);
+  }
+  // The TMA lane, before loading K / V of an item with tiles, kvu such items before it: the
+  // previous one's K / V fully read (kv_empty: the last dQ GEMM done in both warpgroups).
+  template <class Storage>
+  __device__ __forceinline__ void producer_kv_acquire(Storage& ss, int kvu) const {
+    if (kvu > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.x.kv_empty, (kvu - 1) & 1);
   }
   static __device__ __forceinline__ BwdItemSlot item_view(const volatile int* slot, int, int, int) {
     return BwdItemSlot{slot};

@@ -4,7 +4,8 @@
 // Contract: a traits type is all a kernel template needs besides its TMA descriptor types; the
 //   generated instantiation units (instantiations/, from cc/generate_kernels.py) name them.
 //   Derived traits (FwdTraitsGroupScan, FwdTraitsMaskBits, FwdTraitsPaired, FwdTraitsSoftCap;
-//   BwdMaskRegs, BwdLockstep, BwdDetAuto80, BwdSoftCap) switch one feature on over a base.
+//   BwdMaskRegs, BwdLockstep, BwdDetAuto80, BwdSoftCap) switch one feature on over a base;
+//   BwdTraits and BwdD256Traits share BwdTraitsBase (thread count, Q / dO ring, K / V layouts).
 // Synchronization: none here; the mbarriers and named barriers live in the SharedStorage types.
 // Knobs: FwdTraits<Elem, D, Bn, NWG, Stages, Overlap>, BwdTraits<Elem, D, Persist, Bm>,
 //   BwdD256Traits<Elem>, and the derived feature traits.
@@ -190,19 +191,45 @@ struct FwdTraitsSoftCap : Base {
   static constexpr bool kSoftCap = true;
 };
 
+// What the backward kernels share (BwdTraits, BwdD256Traits): 384 threads (a producer warpgroup
+// and two consumer warpgroups), the 2-stage Q / dO ring (Bm, D, Stages), K-major, with its
+// (D, Bm, Stages) MN-major views for dK / dV, and the K / V tiles (Bn, D) with their MN-major view.
+template <class Elem_, int D_, int Bm_, int Bn_>
+struct BwdTraitsBase {
+  using Elem = Elem_;
+  static constexpr int D = D_, Bm = Bm_, Bn = Bn_, NWG = 2, Stages = 2;
+  static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
+                                             Shape<Int<Bm>, Int<D>, Int<Stages>>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{},
+      make_ordered_layout(Shape<Int<D>, Int<Bm>, Int<Stages>>{}, Step<_2, _1, _3>{})));
+  using SmemLayoutK =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bn>, Int<D>>{}));
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
+};
+
 // The backward kernels of bwd_kernel.cuh (d = 64 / 128). Persist_ = false:
 // flashmask_bwd_kernel on BwdSingleTileScheduler, one CTA per work item (key block, kv head,
 // batch); true: on BwdPersistentScheduler, the same per-item code on a persistent grid. Bm_ =
 // query rows per tile: 64; 128 at d = 64 (the dQ GEMM split by rows: kDqRowSplit); 80 at d = 128 (BwdRows80).
 template <class Elem_, int D_, bool Persist_ = false, int Bm_ = kBwdBlockM>
-struct BwdTraits {
-  using Elem = Elem_;
+struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
+  using Base = BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN>;
+  using typename Base::Elem;
+  using typename Base::SmemLayoutK;
+  using typename Base::SmemLayoutKt;
+  using typename Base::SmemLayoutQ;
+  using typename Base::SmemLayoutQt;
+  using Base::Bm;
+  using Base::Bn;
+  using Base::D;
+  using Base::NWG;
+  using Base::Stages;
   static constexpr bool kPersist = Persist_;
-  static constexpr int D = D_, Bm = Bm_, Bn = kBwdBlockN, NWG = 2;
-  static constexpr int Stages = 2;
   static constexpr int kDsBufs = 2;  // dS tiles in smem
   static constexpr int kDqBufs = Bm_ == 80 ? 1 : 2;  // fp32 dQ tiles in smem
-  static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr bool kMaskRegs = false;  // true: BwdMaskRegs
   static constexpr bool kLockstep = false;  // true: BwdLockstep
   static constexpr bool kDetGroups = false;  // true: BwdDetAuto80 (deterministic launch groups)
@@ -216,16 +243,6 @@ struct BwdTraits {
                     (Bm == 80 && D == 128 && !Persist_),
                 "128-row query tiles: d = 64, one CTA per work item; 80-row: d = 128");
 
-  // Q / dO ring (Bm, D, Stages), K-major; their (D, Bm, Stages) MN-major views for dK / dV.
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                             Shape<Int<Bm>, Int<D>, Int<Stages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{},
-      make_ordered_layout(Shape<Int<D>, Int<Bm>, Int<Stages>>{}, Step<_2, _1, _3>{})));
-  using SmemLayoutK =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bn>, Int<D>>{}));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
   // dS (Bm queries, Bn keys), K-major (keys contiguous): A operand of dQ = dS K.
   using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
                                               Shape<Int<Bm>, Int<Bn>, Int<kDsBufs>>{}));
@@ -379,26 +396,23 @@ struct BwdSoftCap : Base {
 };
 
 template <class Elem_>
-struct BwdD256Traits {
-  using Elem = Elem_;
+struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
+  using Base = BwdTraitsBase<Elem_, 256, kBwdBlockM, 64>;
+  using typename Base::Elem;
+  using typename Base::SmemLayoutK;
+  using typename Base::SmemLayoutQ;
+  using Base::Bm;
+  using Base::Bn;
+  using Base::D;
+  using Base::NWG;
+  using Base::Stages;
+  static constexpr int kPdsBufs = 2;
   static constexpr bool kSoftCap = false;  // true: BwdSoftCap
-  static constexpr int D = 256, Bm = kBwdBlockM, Bn = 64, NWG = 2, Stages = 2, kPdsBufs = 2;
-  static constexpr int kThreads = 128 * (NWG + 1);
   static constexpr int kQCols = Bm / NWG;  // query columns of S^T / dP^T per warpgroup
   static constexpr int kDCols = D / NWG;   // d columns of dK / dV / dQ per warpgroup
   static constexpr int kDqKK = kDCols / 8;
   static_assert(Bm == 64, "fragment order (bwd_convert) assumes 64-row query tiles");
 
-  // Q / dO ring (Bm, D, Stages), K-major; (D, Bm, Stages) MN-major views for dK / dV.
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
-                                             Shape<Int<Bm>, Int<D>, Int<Stages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{},
-      make_ordered_layout(Shape<Int<D>, Int<Bm>, Int<Stages>>{}, Step<_2, _1, _3>{})));
-  using SmemLayoutK =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{}, Shape<Int<Bn>, Int<D>>{}));
-  using SmemLayoutKt = decltype(composition(
-      SmemLayoutK{}, make_ordered_layout(Shape<Int<D>, Int<Bn>>{}, Step<_2, _1>{})));
   // P^T and dS^T: (Bn keys, Bm queries, buffers), queries contiguous (K-major A of dV / dK); the
   // (Bm queries, Bn keys) view of dS^T is the MN-major A operand of dQ = dS K.
   using SmemLayoutPt = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Elem>{},
