@@ -540,6 +540,21 @@ class FlexFlashImpl(FlexImpl):
         self.flex = self.torch.compile(
             functools.partial(flex_attention, kernel_options={"BACKEND": "FLASH"}), dynamic=False)
 
+    def _mask_mod(self, S):
+        # the CuTe DSL traces the mask_mod: one captured 1-D tensor per vector (an integer index
+        # into a 2-D buffer is refused: "Expected TensorSSA, but got int") and no `~`
+        torch = self.torch
+        if S not in self._bufs:
+            buf = torch.empty((4, S), dtype=torch.int32, device="cuda")
+            lts, lte, uts, ute = buf[0], buf[1], buf[2], buf[3]
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return (((q_idx < lts[kv_idx]) | (q_idx >= lte[kv_idx]))
+                        & ((q_idx < uts[kv_idx]) | (q_idx >= ute[kv_idx])))
+
+            self._bufs[S] = (buf, mask_mod)
+        return self._bufs[S]
+
 
 class Fa4JaxImpl(JaxImpl):
     """fa4-jax (FlashAttention-4's CuTe DSL kernels for JAX) as a user would call it: full,

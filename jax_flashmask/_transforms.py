@@ -54,6 +54,7 @@ def explain_forward_mode():
 _HIGHER_ORDER_SIGNS = (
     "Differentiation rule for",
     "Transpose rule (for reverse-mode differentiation) for",
+    "cannot be differentiated",  # jax >= 0.11: "The FFI call to `...` cannot be differentiated"
 )
 
 

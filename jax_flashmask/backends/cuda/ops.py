@@ -84,6 +84,15 @@ def _check_sm_margin(sm_margin) -> int:
     return int(sm_margin)
 
 
+def _kernel_bounds(bounds, Sq):
+    """The bounds the kernels take: int32, clipped to [0, Sq]. Clipping keeps every row's mask
+    (a row i in [0, Sq) tests LTS <= i < LTE and UTS <= i < UTE, which clipping both ends to
+    [0, Sq] leaves unchanged), and it keeps the kernels' interval arithmetic (LTE - LTS as an
+    unsigned length) from overflowing on bounds anywhere in int32 (traced masks are not
+    validated)."""
+    return jnp.clip(bounds.astype(jnp.int32), 0, Sq)
+
+
 def _check_soft_cap(logits_soft_cap, config) -> np.float32:
     """The cap as the kernels' `softcap` attribute (0 = none), checked against the config."""
     if logits_soft_cap is not None:
@@ -130,7 +139,7 @@ def run_forward(config: ForwardConfig, q, k, v, bounds, *, scale: float, sm_marg
         jax.ShapeDtypeStruct((config.workspace_words(B, Hm, Sk),), jnp.int32),
     )
     call = jax.ffi.ffi_call(FWD_TARGET, out_types, vmap_method="broadcast_all")
-    out, lse, _ = call(q, k, v, bounds.astype(jnp.int32), scale=np.float32(scale),
+    out, lse, _ = call(q, k, v, _kernel_bounds(bounds, Sq), scale=np.float32(scale),
                        config=config.name, sm_margin=np.int32(sm_margin), softcap=softcap)
     return out, lse
 
@@ -186,7 +195,7 @@ def run_backward(config: BackwardConfig, q, k, v, bounds, out, lse, dout, dlse=N
         jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")
-    dq, dk, dv, *_ = call(q, k, v, bounds.astype(jnp.int32), out.astype(q.dtype),
+    dq, dk, dv, *_ = call(q, k, v, _kernel_bounds(bounds, Sq), out.astype(q.dtype),
                           lse.astype(jnp.float32), dout.astype(q.dtype), dlse,
                           scale=np.float32(scale), deterministic=np.int32(deterministic),
                           config=config.name, sm_margin=np.int32(sm_margin), softcap=softcap)
