@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
       float m_i[2] = {-INFINITY, -INFINITY};
       float l_i[2] = {0.f, 0.f};
+      FwdOnlineSoftmax<D, Bn, NWG> softmax(m_i, l_i, sl2);
       clear(tOrO);
       auto tSrQs = tSrQ(_, _, _, slot);
 
@@ -350,82 +351,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               float& sv = tSrS(4 * kk + 2 * i + j);
               sv = masked ? -INFINITY : sv;
             }
-          }
-        }
-      };
-      // Online softmax on S in place (S -> P); returns the O correction factors in corr and
-      // whether O must be rescaled by them. Rows i = 0, 1 of this thread; a row lives in the 4
-      // lanes of a quad. kLazyRescale (d = 256): the running max m_i moves only when a row of the
-      // warp grows past it by more than kRescaleLog2 (log2 units of the scaled score) or had no
-      // visible score yet; otherwise P = 2^(s*sl2 - m_i*sl2) <= 2^kRescaleLog2 and O / l keep
-      // their scale, which the epilogue's O / l and lse = m + ln l take as they are, and the block
-      // skips O's rescale (128 FMUL per thread at d = 256; at d = 64 / 128 the test costs more than
-      // it saves, so they rescale always: docs/decisions.md#fwd-d256-bn80).
-      constexpr bool kLazyRescale = D >= 256;
-      constexpr float kRescaleLog2 = 8.f;
-      // the exp of row i against the max m_i (resc: first moved to x) and l_i's update; selects,
-      // not a branch: ptxas then keeps the exp loop ahead of the PV GEMM's wait
-      auto exp_row = [&](int i, float x, bool resc, float (&corr)[2]) {
-        const float m = resc ? x : m_i[i];
-        const float msc = (m == -INFINITY) ? 0.f : m * sl2;
-        corr[i] = resc ? fast_exp2(m_i[i] * sl2 - msc) : 1.f;
-        m_i[i] = m;
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int kk = 0; kk < Bn / 8; ++kk) {
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
-            tSrS(4 * kk + 2 * i + j) = p;
-            sum += p;
-          }
-        }
-        l_i[i] = l_i[i] * corr[i] + sum;
-      };
-      auto softmax = [&](float (&corr)[2]) -> bool {
-        float mx[2];
-        bool grow = false;
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          float x;
-          if constexpr (NWG == 3) {
-            // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
-            // across the GEMM issue, and the chain then starts without waiting for their load
-            x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
-            CUTE_UNROLL
-            for (int kk = 1; kk < Bn / 8; ++kk) {
-              x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
-            }
-            x = fmaxf(x, m_i[i]);
-          } else {
-            x = m_i[i];
-            CUTE_UNROLL
-            for (int kk = 0; kk < Bn / 8; ++kk) {
-              x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
-            }
-          }
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-          mx[i] = x;
-          if constexpr (kLazyRescale) {
-            grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
-          } else {
-            exp_row(i, x, true, corr);
-          }
-        }
-        if constexpr (!kLazyRescale) return true;
-        const bool resc = __any_sync(0xffffffffu, grow);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) exp_row(i, mx[i], resc, corr);
-        return resc;
-      };
-      auto rescale_o = [&](float const (&corr)[2]) {
-        CUTE_UNROLL
-        for (int kk = 0; kk < D / 8; ++kk) {
-          CUTE_UNROLL
-          for (int i = 0; i < 2; ++i) {
-            tOrO(4 * kk + 2 * i) *= corr[i];
-            tOrO(4 * kk + 2 * i + 1) *= corr[i];
           }
         }
       };
@@ -506,7 +431,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           mask_and_release_k(partial, n, rd);
           float corr[2];
-          if (softmax(corr)) rescale_o(corr);
+          if (softmax.online_softmax(tSrS, corr)) softmax.rescale_o(tOrO, corr);
           convert_p();
           pipe_v.consumer_wait(rd);
           wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
@@ -541,7 +466,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
           mask_and_release_k(partial, n, rd);
           float corr[2];
-          softmax(corr);
+          softmax.online_softmax(tSrS, corr);
           convert_p();
         }
         if constexpr (kPingPong) {
@@ -579,12 +504,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
           mask_and_release_k(partial, n, rd);
           float corr[2];
-          const bool resc = softmax(corr);
+          const bool resc = softmax.online_softmax(tSrS, corr);
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(tOrP);
           pipe_v.consumer_release(rd_prev);
-          if (resc) rescale_o(corr);
+          if (resc) softmax.rescale_o(tOrO, corr);
           convert_p();
         }
         pipe_v.consumer_wait(rd);
@@ -643,28 +568,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
 
-      // Epilogue: normalize, write O (input dtype) and LSE (natural log, -inf for empty rows).
-      float inv[2], lse[2];
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        float l = l_i[i];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        // l == 0 only where no key was visible; a NaN l (NaN in a visible input) must reach O and
-        // the LSE, so the test is not `!(l > 0)`.
-        const bool empty = l == 0.f;
-        inv[i] = empty ? 0.f : 1.f / l;
-        lse[i] = empty ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
-      }
-      Elem* out = reinterpret_cast<Elem*>(a.o);
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int r = row0 + 8 * i;
-        // every lane shuffles (store_row_chunks); rows past Sq store nothing
-        store_row_chunks<Elem, D>(r < a.Sq ? out + (((int64_t)b * a.Sq + r) * a.N + h) * D : nullptr,
-                                  tOrO, i, inv[i], lane);
-        if (r < a.Sq && (lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
-      }
+      fwd_store_o_lse<Elem, D>(a, tOrO, m_i, l_i, sl2, row0, b, h, lane);
     }  // tile loop
   }
 #endif
