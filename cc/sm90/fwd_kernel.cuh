@@ -17,6 +17,7 @@
 #include "mask_walk.cuh"
 #include "primitives.cuh"
 #include "softmax.cuh"
+#include "tile_scheduler.cuh"
 #include "traits.h"
 
 namespace jfm::sm90 {
@@ -42,26 +43,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
   const int nblk = a.nblk;
-  const int mblk = (a.Sq + Bm - 1) / Bm;
-  const int NB = a.N * a.B;
-  const int total_tiles = mblk * NB;
-  // Tile t -> (m_blk, h, b): (batch, head)-major so that the ~132 tiles in flight at any time
-  // share one head's K/V in L2 (a head-fastest order thrashes L2);
-  // inside a head the last query tile comes first (heaviest first for bottom-right causal masks).
-  auto decode = [&](int t, int& m_blk, int& h, int& b) {
-    const int hb = t / mblk;
-    if constexpr (T::kPaired) {
-      // paired tiles: inside a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ...
-      const int j = t - hb * mblk;
-      m_blk = (j & 1) ? (j >> 1) : mblk - 1 - (j >> 1);
-    } else {
-      m_blk = mblk - 1 - (t - hb * mblk);
-    }
-    h = hb % a.N;
-    b = hb / a.N;
-  };
-  // paired tiles: the second tile of each pair (odd t) walks its key blocks from the last down
-  auto reversed = [&](int t) { return T::kPaired && (t & 1) != 0; };
+  using Sched = FwdTileScheduler<Bm, T::kPaired>;
+  const Sched sched(a);
 
   typename Pipeline::Params pp;
   pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
@@ -97,11 +80,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutVt{});
 
-  // Tile schedule: the first tile of a CTA is blockIdx.x; on the persistent grid the next ones
-  // come from a global atomic counter (dynamic: a CTA that finishes early takes the next tile of
-  // the same order), else the CTA has one tile. The producer warp fetches the next tile while the
-  // current one is loading and publishes each tile id in the slot of its Q buffer (`sched`), so
-  // the consumers can classify the tile's key blocks before its Q lands.
   if (wg == 0) {
     // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
     if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<T::kRegProducer>();
@@ -110,29 +88,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      // paired tiles: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
-      int t = T::kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
+      int t = sched.first_tile();
       for (int it = 0;; ++it) {
         const int slot = it % QS;
-        const bool done = t >= total_tiles;
-        if (lane == 0) {
-          // the slot's Q and tile id are free once the consumers finished tile it - QS
-          if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
-          ss.tile_id[slot] = done ? -1 : t;
-          EmptyBarrier::arrive(&ss.sched[slot]);
-        }
+        const bool done = t >= sched.total_tiles;
+        if (lane == 0) Sched::template publish<QS>(ss, it, slot, t, done);
         if (done) break;
-        int t_next = total_tiles;
-        if constexpr (T::kPaired) {
-          if (lane == 0) {
-            if ((t & 1) == 0) t_next = t + 1;  // the pair's second tile
-            else if (a.tile_counter != nullptr) t_next = 2 * ((int)gridDim.x + atomicAdd(a.tile_counter, 1));
-          }
-        } else {
-          if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
-        }
-        int m_blk, h, b;
-        decode(t, m_blk, h, b);
+        int t_next = sched.total_tiles;
+        sched.claim_next(t_next, t, lane, a.tile_counter);
+        const FwdTile tile = sched.decode(t);
+        const int m_blk = tile.m_blk, h = tile.h, b = tile.b;
         const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
         const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
         Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
@@ -151,7 +116,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
         KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
             a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
-            reversed(t));
+            sched.reversed(t));
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
@@ -286,11 +251,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         warpgroup_fence_operand(tSrS);
       }
       const bool pre = tovl && it > 0;  // tile id and block scan done at the previous boundary
-      if (!pre) EmptyBarrier::wait(&ss.sched[slot], qphase);
-      const int t = pre ? t_nxt : *reinterpret_cast<volatile int*>(&ss.tile_id[slot]);
+      if (!pre) Sched::wait_published(ss, slot, qphase);
+      const int t = pre ? t_nxt : Sched::published(ss, slot);
       if (t < 0) break;
-      int m_blk, h, b;
-      decode(t, m_blk, h, b);
+      const FwdTile tile = sched.decode(t);
+      const int m_blk = tile.m_blk, h = tile.h, b = tile.b;
       const int hm = h / a.heads_per_mask;
       const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
       // Accumulator element e of a 64xN wgmma tile: col = 8*(e>>2) + 2*(lane%4) + (e&1),
@@ -418,7 +383,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           pre ? blocks_nxt
               : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
                     a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
-                    a.group_meta, reversed(t));
+                    a.group_meta, sched.reversed(t));
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
@@ -527,19 +492,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // in flight), then its first QK^T issued right behind the PV GEMM, one wait for both.
           const int nit = it + 1, nslot = nit % QS;
           const uint32_t nphase = (nit / QS) & 1;
-          EmptyBarrier::wait(&ss.sched[nslot], nphase);
-          t_nxt = *reinterpret_cast<volatile int*>(&ss.tile_id[nslot]);
+          Sched::wait_published(ss, nslot, nphase);
+          t_nxt = Sched::published(ss, nslot);
           auto rdn = rd;
           if (had_blocks) ++rdn;  // stage of the next tile's first block
           bool go = false;
           if (t_nxt >= 0) {
-            int m2, h2, b2;
-            decode(t_nxt, m2, h2, b2);
+            const FwdTile w = sched.decode(t_nxt);
+            const int m2 = w.m_blk, h2 = w.h, b2 = w.b;
             const int hm2 = h2 / a.heads_per_mask;
             const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
             blocks_nxt = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
                 a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
-                a.group_meta, reversed(t_nxt));
+                a.group_meta, sched.reversed(t_nxt));
             go = blocks_nxt.has_next();
           }
           if (go) {
