@@ -13,6 +13,7 @@
 #pragma once
 
 #include "epilogue.cuh"
+#include "fwd_mainloop.cuh"
 #include "kernel_args.h"
 #include "mask_walk.cuh"
 #include "primitives.cuh"
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutVt{});
 
   if (wg == 0) {
-    // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
+    // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), warps 1-2 build mask bits
     if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<T::kRegProducer>();
     if (warp == 0) {
       Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
@@ -97,113 +98,31 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         int t_next = sched.total_tiles;
         sched.claim_next(t_next, t, lane, a.tile_counter);
         const FwdTile tile = sched.decode(t);
-        const int m_blk = tile.m_blk, h = tile.h, b = tile.b;
-        const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
-        const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
-        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
-        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-        auto [tQgQ, tQsQ] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                          group_modes<0, 2>(gQ));
-        auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                          group_modes<0, 2>(gK));
-        auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                          group_modes<0, 2>(gV));
-        if (lane == 0) {
-          Barrier::arrive_and_expect_tx(&ss.q_full[slot], Bm * D * sizeof(Elem));
-          copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
-        }
-        const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
-            a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
-            sched.reversed(t));
+        const int hk = tile.h / a.heads_per_kv, hm = tile.h / a.heads_per_mask;
+        const int ms = tile.m_blk * Bm, me = min(ms + Bm, a.Sq);
+        auto [tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV] = fwd_tma_views<T>(
+            tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, tile.m_blk, tile.h, hk, tile.b);
+        if (lane == 0) fwd_load_q<T>(ss, tma_q, tQgQ, tQsQ, slot);
+        const int32_t* bnd = fwd_bounds(a, tile.b, hm);
+        FwdKeptBlocks<T> blocks(fwd_block_meta(a, tile.b, hm), nblk, ms, me, a.Sk, lane,
+                                a.group_meta, sched.reversed(t));
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
           if (lane == 0) {
-            pipe_k.producer_acquire(wr);
-            if constexpr (T::kMaskBits) bits_full_drain(ss, wr);
-            auto* bar = pipe_k.producer_get_barrier(wr);
-            if (partial && a.smem_bounds) {
-              // the four bound vectors of a partial block ride on K's barrier (expect first, so
-              // the phase cannot complete before every copy is counted)
-              const uint32_t bytes = 4u * (uint32_t)min(Bn, a.Sk - n * Bn);
-              Barrier::expect_transaction(bar, 4 * bytes);
-              CUTE_UNROLL
-              for (int vv = 0; vv < 4; ++vv)
-                bulk_g2s(&ss.bnd[wr.index()][vv][0], bnd + (int64_t)vv * a.Sk + n * Bn, bytes, bar);
-            }
-            copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
-            if constexpr (T::kMaskBits) {  // the block's job for the mask builders
-              ss.job[wr.index()] = make_int4(n, partial ? 1 : 0, b * a.Hm + hm, ms);
-              asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
-              EmptyBarrier::arrive(&ss.job_full[wr.index()]);
-            }
-            pipe_v.producer_acquire(wr);
-            copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
+            fwd_load_kv<T>(a, ss, tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, wr, n,
+                           partial, bnd, tile.b * a.Hm + hm, ms);
           }
           ++wr;
         }
         t = __shfl_sync(0xffffffffu, t_next, 0);
       }
       if constexpr (T::kMaskBits) {
-        // no more blocks: the builders' last job (in the next stage, once they and the consumers
-        // are done with its previous one)
-        if (lane == 0) {
-          EmptyBarrier::wait(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[wr.index()]),
-                             wr.phase());
-          bits_full_drain(ss, wr);
-          ss.job[wr.index()] = make_int4(-1, 0, 0, 0);
-          asm volatile("" ::: "memory");
-          EmptyBarrier::arrive(&ss.job_full[wr.index()]);
-        }
+        if (lane == 0) fwd_stop_mask_builders<T>(ss, wr);
       }
     }
     if constexpr (T::kMaskBits) {
-      if (warp == 1 || warp == 2) {
-        // ---- mask builders: bit words of each partial block (see FwdTraitsMaskBits) ----
-        const int bt = threadIdx.x - 32;  // 0 .. kBuilders - 1
-        cutlass::PipelineState<T::Stages> js;
-        for (;;) {
-          const int s = js.index();
-          EmptyBarrier::wait(&ss.job_full[s], js.phase());
-          asm volatile("" ::: "memory");  // no smem read above the wait
-          const int4 job = ss.job[s];
-          if (job.x < 0) break;
-          if (job.y != 0) {
-            const int32_t* bnd = a.bounds + (int64_t)job.z * 4 * (int64_t)a.Sk;
-            CUTE_UNROLL
-            for (int c = bt; c < Bn; c += T::kBuilders) {
-              const int col = job.x * Bn + c;
-              // the consumers' test: (unsigned)(r - LTS) < max(LTE - LTS, 0) or the same with UTS,
-              // UTE; a column >= Sk masks every row (the interval [0, 2^31 - 1))
-              int lts = 0, uts = 0;
-              uint32_t ll = 0x7fffffffu, ul = 0u;
-              if (col < a.Sk) {
-                lts = __ldg(bnd + col);
-                const int lte = __ldg(bnd + a.Sk + col);
-                uts = __ldg(bnd + 2 * (int64_t)a.Sk + col);
-                const int ute = __ldg(bnd + 3 * (int64_t)a.Sk + col);
-                ll = (uint32_t)max((int)((uint32_t)lte - (uint32_t)lts), 0);
-                ul = (uint32_t)max((int)((uint32_t)ute - (uint32_t)uts), 0);
-              }
-              CUTE_UNROLL
-              for (int q = 0; q < Bm / 32; ++q) {
-                const int rb = job.w + 32 * q;
-                if constexpr (T::kWordsOverBounds) {
-                  fwd_words_over_bounds<T>(ss, s)[q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
-                } else {
-                  ss.bits[s][q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
-                }
-              }
-            }
-          }
-          asm volatile("" ::: "memory");  // the words are stored before the arrivals
-          EmptyBarrier::arrive(&ss.bits_full[s]);
-          EmptyBarrier::arrive(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[s]));
-          ++js;
-        }
-      }
+      if (warp == 1 || warp == 2) fwd_build_mask_bits<T>(a, ss, threadIdx.x - 32);
     }
   } else {
     // ---------------- consumer warpgroups ----------------
