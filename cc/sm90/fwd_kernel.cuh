@@ -160,6 +160,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
     int pend_n = 0;
+    FwdMainloop<T, decltype(sQ), decltype(sK), decltype(sVt)> ml(
+        a, ss, pipe_k, warp, cwg, colq, sk_even, smem_bnd, mbit0, tSrS, tOrP);
     for (int it = 0;; ++it) {
       const int slot = it % QS;
       const uint32_t qphase = (it / QS) & 1;
@@ -187,117 +189,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       clear(tOrO);
       auto tSrQs = tSrQ(_, _, _, slot);
 
-      // Element mask of a partial tile (only partial tiles pay for it): four bounds per column,
-      // from the smem copy of the K stage when the producer staged them (kSmem), else from global
-      // memory. Branch-free per element (the short-circuit form compiles to a BSSY/BSYNC pair and
-      // two branches per element). Out-of-range columns get the interval [0, 2^31).
-      auto apply_mask = [&](auto kSmem, int n, int stage) {
-        const int32_t* sb = &ss.bnd[stage][0][0];
-        CUTE_UNROLL
-        for (int kk = 0; kk < Bn / 8; ++kk) {
-          const int c = 8 * kk + colq;
-          const int col0 = n * Bn + c;  // even; this thread's columns col0, col0 + 1
-          int lts[2], lte[2], uts[2], ute[2];
-          if constexpr (decltype(kSmem)::value) {  // columns past Sk hold stale values
-            const int2 x0 = *reinterpret_cast<const int2*>(sb + c);
-            const int2 x1 = *reinterpret_cast<const int2*>(sb + Bn + c);
-            const int2 x2 = *reinterpret_cast<const int2*>(sb + 2 * Bn + c);
-            const int2 x3 = *reinterpret_cast<const int2*>(sb + 3 * Bn + c);
-            lts[0] = x0.x; lts[1] = x0.y; lte[0] = x1.x; lte[1] = x1.y;
-            uts[0] = x2.x; uts[1] = x2.y; ute[0] = x3.x; ute[1] = x3.y;
-          } else if (sk_even && col0 + 1 < a.Sk) {  // 8-byte aligned pairs: half the loads
-            const int2 x0 = __ldg(reinterpret_cast<const int2*>(bnd + col0));
-            const int2 x1 = __ldg(reinterpret_cast<const int2*>(bnd + a.Sk + col0));
-            const int2 x2 = __ldg(reinterpret_cast<const int2*>(bnd + 2 * (int64_t)a.Sk + col0));
-            const int2 x3 = __ldg(reinterpret_cast<const int2*>(bnd + 3 * (int64_t)a.Sk + col0));
-            lts[0] = x0.x; lts[1] = x0.y; lte[0] = x1.x; lte[1] = x1.y;
-            uts[0] = x2.x; uts[1] = x2.y; ute[0] = x3.x; ute[1] = x3.y;
-          } else {
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              const int cj = min(col0 + j, a.Sk - 1);  // clamped: out-of-range columns masked below
-              lts[j] = __ldg(bnd + cj);
-              lte[j] = __ldg(bnd + a.Sk + cj);
-              uts[j] = __ldg(bnd + 2 * (int64_t)a.Sk + cj);
-              ute[j] = __ldg(bnd + 3 * (int64_t)a.Sk + cj);
-            }
-          }
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const bool oob = col0 + j >= a.Sk;
-            const int l0 = oob ? 0 : lts[j];
-            const unsigned ll = oob ? 0x7fffffffu : (unsigned)max(lte[j] - lts[j], 0);
-            const unsigned ul = (unsigned)max(ute[j] - uts[j], 0);
-            CUTE_UNROLL
-            for (int i = 0; i < 2; ++i) {
-              const int r = row0 + 8 * i;
-              const bool masked = ((unsigned)(r - l0) < ll) | ((unsigned)(r - uts[j]) < ul);
-              float& sv = tSrS(4 * kk + 2 * i + j);
-              sv = masked ? -INFINITY : sv;
-            }
-          }
-        }
-      };
-      auto convert_p = [&]() {
-        CUTE_UNROLL
-        for (int e = 0; e < Bn / 2; e += 2) {
-          tOrP(e) = static_cast<Elem>(tSrS(e));
-          tOrP(e + 1) = static_cast<Elem>(tSrS(e + 1));
-        }
-      };
-      // kMaskBits: the mask from the builders' bit words (one LDS.64 per column pair, a bit test
-      // per element); the same -inf / score selection as apply_mask.
-      auto apply_bits = [&](int stage) {
-        if constexpr (T::kMaskBits) {
-          const uint32_t* wb;
-          if constexpr (T::kWordsOverBounds) {
-            wb = &fwd_words_over_bounds<T>(ss, stage)[2 * cwg + (warp % 4) / 2][colq];
-          } else {
-            wb = &ss.bits[stage][2 * cwg + (warp % 4) / 2][colq];
-          }
-          CUTE_UNROLL
-          for (int kk = 0; kk < Bn / 8; ++kk) {
-            const uint2 w = *reinterpret_cast<const uint2*>(wb + 8 * kk);
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              CUTE_UNROLL
-              for (int i = 0; i < 2; ++i) {
-                const bool masked = ((j ? w.y : w.x) & (mbit0 << (8 * i))) != 0u;
-                float& sv = tSrS(4 * kk + 2 * i + j);
-                sv = masked ? -INFINITY : sv;
-              }
-            }
-          }
-        }
-      };
-      // kMaskBits: wait until the builders published the words of a partial block. Called before
-      // an aligned wgmma instruction (the issue or the wait of the block's QK^T GEMM): with the
-      // wait after it, ptxas dropped its proof that the block walk is warp-uniform (VOTE instead of
-      // VOTEU, BRA.DIV before every shuffle, the GEMM descriptors through vector registers).
-      auto wait_bits = [&](bool partial, cutlass::PipelineState<T::Stages> st) {
-        if constexpr (T::kMaskBits) {
-          if (partial) EmptyBarrier::wait(&ss.bits_full[st.index()], st.phase());
-          asm volatile("" ::: "memory");  // the words are read after the wait
-        }
-      };
-      // A partial block's staged bounds live in its K stage: release K only after the mask.
-      auto mask_and_release_k = [&](bool partial, int n, cutlass::PipelineState<T::Stages> st) {
-        if constexpr (T::kMaskBits) {
-          // the words live in the stage's slot until K's release lets the builders reuse it
-          // (bits_full was waited for in wait_bits)
-          (void)n;
-          if (partial) apply_bits(st.index());
-          asm volatile("" ::: "memory");  // the words are read before the release
-          pipe_k.consumer_release(st);
-        } else if (partial && smem_bnd) {
-          apply_mask(cute::true_type{}, n, st.index());
-          pipe_k.consumer_release(st);
-        } else {
-          pipe_k.consumer_release(st);
-          if (partial) apply_mask(cute::false_type{}, n, st.index());
-        }
-      };
-
       KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
           pre ? blocks_nxt
               : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
@@ -311,12 +202,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
           pipe_k.consumer_wait(rd);
-          wait_bits(partial, rd);
+          ml.wait_bits(partial, rd);
           wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-          mask_and_release_k(partial, n, rd);
+          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
           if (softmax.online_softmax(tSrS, corr)) softmax.rescale_o(tOrO, corr);
-          convert_p();
+          ml.convert_p();
           pipe_v.consumer_wait(rd);
           wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
           pipe_v.consumer_release(rd);
@@ -344,14 +235,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           } else {
             n = blocks.next(partial, a.group_meta);
             pipe_k.consumer_wait(rd);
-            wait_bits(partial, rd);
+            ml.wait_bits(partial, rd);
             wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           }
           if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
-          mask_and_release_k(partial, n, rd);
+          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
           softmax.online_softmax(tSrS, corr);
-          convert_p();
+          ml.convert_p();
         }
         if constexpr (kPingPong) {
           if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
@@ -382,11 +273,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (cwg < 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cwg) : "memory");
             else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
           }
-          wait_bits(partial, rd);
+          ml.wait_bits(partial, rd);
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
           if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
-          mask_and_release_k(partial, n, rd);
+          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
           const bool resc = softmax.online_softmax(tSrS, corr);
           warpgroup_wait<0>();
@@ -394,7 +285,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           warpgroup_fence_operand(tOrP);
           pipe_v.consumer_release(rd_prev);
           if (resc) softmax.rescale_o(tOrO, corr);
-          convert_p();
+          ml.convert_p();
         }
         pipe_v.consumer_wait(rd);
         // last PV GEMM of the tile: waited for (and its V stage released) below, after the tile
@@ -430,7 +321,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             pend_n = blocks_nxt.next(pend_partial, a.group_meta);
             Barrier::wait(&ss.q_full[nslot], nphase);
             pipe_k.consumer_wait(rdn);
-            wait_bits(pend_partial, rdn);
+            ml.wait_bits(pend_partial, rdn);
             wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
                                         tSrS);
             pend = true;
