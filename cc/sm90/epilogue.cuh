@@ -1,11 +1,12 @@
-// Epilogues: output rows stored as 16-byte chunks (the forward's O, the d = 256 backward's dK / dV),
-// the pp kernel's dK / dV staging through smem, the dQ writer (bulk reduce-add of fp32 dQ tiles,
-// ordering bits of the deterministic mode, skip marks) and the look-ahead zeroing of the dQ
-// workspace.
-// Contract: dQ tiles land in the workspace in the fragment order bwd_aux.cu converts; in
-//   deterministic mode a tile's adds happen in descending ordering slot, each key block adding
-//   after every slot above it has set its bit (set once its reduce completed, or at CTA start for
-//   the tiles it skips).
+// Epilogues: the forward's O / LSE (fwd_store_o_lse), output rows stored as 16-byte chunks (the
+// forward's O, the d = 256 backward's dK / dV), the pp kernel's dK / dV staging through smem, the
+// dQ writer (bulk reduce-add of fp32 dQ tiles, ordering bits of the deterministic mode, skip
+// marks) and the look-ahead zeroing of the dQ workspace.
+// Contract: forward rows with no visible key give O = 0 and LSE = -inf, a NaN in a visible input
+//   reaches O and the LSE; dQ tiles land in the workspace in the fragment order bwd_aux.cu
+//   converts; in deterministic mode a tile's adds happen in descending ordering slot, each key
+//   block adding after every slot above it has set its bit (set once its reduce completed, or at
+//   CTA start for the tiles it skips).
 // Synchronization: bulk-async groups (cp.async.bulk.wait_group), GPU-scope release / acquire on
 //   the ordering bits and the zeroing counters; callers own the smem buffer barriers.
 // Knobs: none beyond the template sizes.
@@ -52,6 +53,35 @@ __device__ __forceinline__ void store_row_chunks(Elem* row, Frag const& acc, int
     s1 = __shfl_xor_sync(0xffffffffu, high ? v[1] : v[3], 2);
     if (high) { v[0] = s0; v[1] = s1; } else { v[2] = s0; v[3] = s1; }
     if (row) *reinterpret_cast<uint4*>(row + 8 * (4 * blk + q)) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// Forward epilogue of a consumer thread (rows row0 and row0 + 8 of query head h, batch b): the
+// row sums of the quad, O / l written in the input dtype, LSE = m * scale_log2 + log2 l in natural
+// log. l == 0 only where no key was visible (O = 0, LSE = -inf); a NaN l (NaN in a visible input)
+// must reach O and the LSE, so the test is not `!(l > 0)`. Every lane takes part (shuffles); rows
+// past Sq store nothing.
+template <class Elem, int D, class FragO>
+__device__ __forceinline__ void fwd_store_o_lse(const KArgs& a, FragO const& tOrO,
+                                                float const (&m_i)[2], float const (&l_i)[2],
+                                                float sl2, int row0, int b, int h, int lane) {
+  float inv[2], lse[2];
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    float l = l_i[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const bool empty = l == 0.f;
+    inv[i] = empty ? 0.f : 1.f / l;
+    lse[i] = empty ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
+  }
+  Elem* out = reinterpret_cast<Elem*>(a.o);
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + 8 * i;
+    store_row_chunks<Elem, D>(r < a.Sq ? out + (((int64_t)b * a.Sq + r) * a.N + h) * D : nullptr,
+                              tOrO, i, inv[i], lane);
+    if (r < a.Sq && (lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
   }
 }
 

@@ -13,10 +13,12 @@
 #pragma once
 
 #include "epilogue.cuh"
+#include "fwd_mainloop.cuh"
 #include "kernel_args.h"
 #include "mask_walk.cuh"
 #include "primitives.cuh"
 #include "softmax.cuh"
+#include "tile_scheduler.cuh"
 #include "traits.h"
 
 namespace jfm::sm90 {
@@ -42,26 +44,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = threadIdx.x % 32;
   const int wg = threadIdx.x / 128;
   const int nblk = a.nblk;
-  const int mblk = (a.Sq + Bm - 1) / Bm;
-  const int NB = a.N * a.B;
-  const int total_tiles = mblk * NB;
-  // Tile t -> (m_blk, h, b): (batch, head)-major so that the ~132 tiles in flight at any time
-  // share one head's K/V in L2 (a head-fastest order thrashes L2);
-  // inside a head the last query tile comes first (heaviest first for bottom-right causal masks).
-  auto decode = [&](int t, int& m_blk, int& h, int& b) {
-    const int hb = t / mblk;
-    if constexpr (T::kPaired) {
-      // paired tiles: inside a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ...
-      const int j = t - hb * mblk;
-      m_blk = (j & 1) ? (j >> 1) : mblk - 1 - (j >> 1);
-    } else {
-      m_blk = mblk - 1 - (t - hb * mblk);
-    }
-    h = hb % a.N;
-    b = hb / a.N;
-  };
-  // paired tiles: the second tile of each pair (odd t) walks its key blocks from the last down
-  auto reversed = [&](int t) { return T::kPaired && (t & 1) != 0; };
+  using Sched = FwdTileScheduler<Bm, T::kPaired>;
+  const Sched sched(a);
 
   typename Pipeline::Params pp;
   pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
@@ -97,148 +81,48 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutVt{});
 
-  // Tile schedule: the first tile of a CTA is blockIdx.x; on the persistent grid the next ones
-  // come from a global atomic counter (dynamic: a CTA that finishes early takes the next tile of
-  // the same order), else the CTA has one tile. The producer warp fetches the next tile while the
-  // current one is loading and publishes each tile id in the slot of its Q buffer (`sched`), so
-  // the consumers can classify the tile's key blocks before its Q lands.
   if (wg == 0) {
-    // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), the others idle --------
+    // ---------------- producer warpgroup: warp 0 issues TMA (lane 0), warps 1-2 build mask bits
     if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_dealloc<T::kRegProducer>();
     if (warp == 0) {
       Tensor mQ = tma_q.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      // paired tiles: CTA i starts with pair i = tiles 2i, 2i + 1; the counter hands out pairs
-      int t = T::kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
+      int t = sched.first_tile();
       for (int it = 0;; ++it) {
         const int slot = it % QS;
-        const bool done = t >= total_tiles;
-        if (lane == 0) {
-          // the slot's Q and tile id are free once the consumers finished tile it - QS
-          if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
-          ss.tile_id[slot] = done ? -1 : t;
-          EmptyBarrier::arrive(&ss.sched[slot]);
-        }
+        const bool done = t >= sched.total_tiles;
+        if (lane == 0) Sched::template publish<QS>(ss, it, slot, t, done);
         if (done) break;
-        int t_next = total_tiles;
-        if constexpr (T::kPaired) {
-          if (lane == 0) {
-            if ((t & 1) == 0) t_next = t + 1;  // the pair's second tile
-            else if (a.tile_counter != nullptr) t_next = 2 * ((int)gridDim.x + atomicAdd(a.tile_counter, 1));
-          }
-        } else {
-          if (lane == 0 && a.tile_counter != nullptr) t_next = gridDim.x + atomicAdd(a.tile_counter, 1);
-        }
-        int m_blk, h, b;
-        decode(t, m_blk, h, b);
-        const int hk = h / a.heads_per_kv, hm = h / a.heads_per_mask;
-        const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
-        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<Bm>, Int<D>>{}, make_coord(m_blk, 0));
-        Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-        Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(_, 0));
-        auto [tQgQ, tQsQ] = tma_partition(tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                          group_modes<0, 2>(gQ));
-        auto [tKgK, tKsK] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                          group_modes<0, 2>(gK));
-        auto [tVgV, tVsV] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                          group_modes<0, 2>(gV));
-        if (lane == 0) {
-          Barrier::arrive_and_expect_tx(&ss.q_full[slot], Bm * D * sizeof(Elem));
-          copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
-        }
-        const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-        KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks(
-            a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane, a.group_meta,
-            reversed(t));
+        int t_next = sched.total_tiles;
+        sched.claim_next(t_next, t, lane, a.tile_counter);
+        const FwdTile tile = sched.decode(t);
+        const int hk = tile.h / a.heads_per_kv, hm = tile.h / a.heads_per_mask;
+        const int ms = tile.m_blk * Bm, me = min(ms + Bm, a.Sq);
+        auto [tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV] = fwd_tma_views<T>(
+            tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, tile.m_blk, tile.h, hk, tile.b);
+        if (lane == 0) fwd_load_q<T>(ss, tma_q, tQgQ, tQsQ, slot);
+        const int32_t* bnd = fwd_bounds(a, tile.b, hm);
+        FwdKeptBlocks<T> blocks(fwd_block_meta(a, tile.b, hm), nblk, ms, me, a.Sk, lane,
+                                a.group_meta, sched.reversed(t));
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
           if (lane == 0) {
-            pipe_k.producer_acquire(wr);
-            if constexpr (T::kMaskBits) bits_full_drain(ss, wr);
-            auto* bar = pipe_k.producer_get_barrier(wr);
-            if (partial && a.smem_bounds) {
-              // the four bound vectors of a partial block ride on K's barrier (expect first, so
-              // the phase cannot complete before every copy is counted)
-              const uint32_t bytes = 4u * (uint32_t)min(Bn, a.Sk - n * Bn);
-              Barrier::expect_transaction(bar, 4 * bytes);
-              CUTE_UNROLL
-              for (int vv = 0; vv < 4; ++vv)
-                bulk_g2s(&ss.bnd[wr.index()][vv][0], bnd + (int64_t)vv * a.Sk + n * Bn, bytes, bar);
-            }
-            copy(tma_k.with(*bar), tKgK(_, n), tKsK(_, wr.index()));
-            if constexpr (T::kMaskBits) {  // the block's job for the mask builders
-              ss.job[wr.index()] = make_int4(n, partial ? 1 : 0, b * a.Hm + hm, ms);
-              asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
-              EmptyBarrier::arrive(&ss.job_full[wr.index()]);
-            }
-            pipe_v.producer_acquire(wr);
-            copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
+            fwd_load_kv<T>(a, ss, tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, wr, n,
+                           partial, bnd, tile.b * a.Hm + hm, ms);
           }
           ++wr;
         }
         t = __shfl_sync(0xffffffffu, t_next, 0);
       }
       if constexpr (T::kMaskBits) {
-        // no more blocks: the builders' last job (in the next stage, once they and the consumers
-        // are done with its previous one)
-        if (lane == 0) {
-          EmptyBarrier::wait(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[wr.index()]),
-                             wr.phase());
-          bits_full_drain(ss, wr);
-          ss.job[wr.index()] = make_int4(-1, 0, 0, 0);
-          asm volatile("" ::: "memory");
-          EmptyBarrier::arrive(&ss.job_full[wr.index()]);
-        }
+        if (lane == 0) fwd_stop_mask_builders<T>(ss, wr);
       }
     }
     if constexpr (T::kMaskBits) {
-      if (warp == 1 || warp == 2) {
-        // ---- mask builders: bit words of each partial block (see FwdTraitsMaskBits) ----
-        const int bt = threadIdx.x - 32;  // 0 .. kBuilders - 1
-        cutlass::PipelineState<T::Stages> js;
-        for (;;) {
-          const int s = js.index();
-          EmptyBarrier::wait(&ss.job_full[s], js.phase());
-          asm volatile("" ::: "memory");  // no smem read above the wait
-          const int4 job = ss.job[s];
-          if (job.x < 0) break;
-          if (job.y != 0) {
-            const int32_t* bnd = a.bounds + (int64_t)job.z * 4 * (int64_t)a.Sk;
-            CUTE_UNROLL
-            for (int c = bt; c < Bn; c += T::kBuilders) {
-              const int col = job.x * Bn + c;
-              // the consumers' test: (unsigned)(r - LTS) < max(LTE - LTS, 0) or the same with UTS,
-              // UTE; a column >= Sk masks every row (the interval [0, 2^31 - 1))
-              int lts = 0, uts = 0;
-              uint32_t ll = 0x7fffffffu, ul = 0u;
-              if (col < a.Sk) {
-                lts = __ldg(bnd + col);
-                const int lte = __ldg(bnd + a.Sk + col);
-                uts = __ldg(bnd + 2 * (int64_t)a.Sk + col);
-                const int ute = __ldg(bnd + 3 * (int64_t)a.Sk + col);
-                ll = (uint32_t)max((int)((uint32_t)lte - (uint32_t)lts), 0);
-                ul = (uint32_t)max((int)((uint32_t)ute - (uint32_t)uts), 0);
-              }
-              CUTE_UNROLL
-              for (int q = 0; q < Bm / 32; ++q) {
-                const int rb = job.w + 32 * q;
-                if constexpr (T::kWordsOverBounds) {
-                  fwd_words_over_bounds<T>(ss, s)[q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
-                } else {
-                  ss.bits[s][q][c] = fwd_row_bits(lts, ll, rb) | fwd_row_bits(uts, ul, rb);
-                }
-              }
-            }
-          }
-          asm volatile("" ::: "memory");  // the words are stored before the arrivals
-          EmptyBarrier::arrive(&ss.bits_full[s]);
-          EmptyBarrier::arrive(reinterpret_cast<uint64_t*>(&ss.pipe_k.empty_barrier_[s]));
-          ++js;
-        }
-      }
+      if (warp == 1 || warp == 2) fwd_build_mask_bits<T>(a, ss, threadIdx.x - 32);
     }
   } else {
     // ---------------- consumer warpgroups ----------------
@@ -276,6 +160,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
     int pend_n = 0;
+    FwdMainloop<T, decltype(sQ), decltype(sK), decltype(sVt)> ml(
+        a, ss, pipe_k, warp, cwg, colq, sk_even, smem_bnd, mbit0, tSrS, tOrP);
     for (int it = 0;; ++it) {
       const int slot = it % QS;
       const uint32_t qphase = (it / QS) & 1;
@@ -286,11 +172,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         warpgroup_fence_operand(tSrS);
       }
       const bool pre = tovl && it > 0;  // tile id and block scan done at the previous boundary
-      if (!pre) EmptyBarrier::wait(&ss.sched[slot], qphase);
-      const int t = pre ? t_nxt : *reinterpret_cast<volatile int*>(&ss.tile_id[slot]);
+      if (!pre) Sched::wait_published(ss, slot, qphase);
+      const int t = pre ? t_nxt : Sched::published(ss, slot);
       if (t < 0) break;
-      int m_blk, h, b;
-      decode(t, m_blk, h, b);
+      const FwdTile tile = sched.decode(t);
+      const int m_blk = tile.m_blk, h = tile.h, b = tile.b;
       const int hm = h / a.heads_per_mask;
       const int ms = m_blk * Bm, me = min(ms + Bm, a.Sq);
       // Accumulator element e of a 64xN wgmma tile: col = 8*(e>>2) + 2*(lane%4) + (e&1),
@@ -299,207 +185,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
       float m_i[2] = {-INFINITY, -INFINITY};
       float l_i[2] = {0.f, 0.f};
+      FwdOnlineSoftmax<D, Bn, NWG> softmax(m_i, l_i, sl2);
       clear(tOrO);
       auto tSrQs = tSrQ(_, _, _, slot);
-
-      // Element mask of a partial tile (only partial tiles pay for it): four bounds per column,
-      // from the smem copy of the K stage when the producer staged them (kSmem), else from global
-      // memory. Branch-free per element (the short-circuit form compiles to a BSSY/BSYNC pair and
-      // two branches per element). Out-of-range columns get the interval [0, 2^31).
-      auto apply_mask = [&](auto kSmem, int n, int stage) {
-        const int32_t* sb = &ss.bnd[stage][0][0];
-        CUTE_UNROLL
-        for (int kk = 0; kk < Bn / 8; ++kk) {
-          const int c = 8 * kk + colq;
-          const int col0 = n * Bn + c;  // even; this thread's columns col0, col0 + 1
-          int lts[2], lte[2], uts[2], ute[2];
-          if constexpr (decltype(kSmem)::value) {  // columns past Sk hold stale values
-            const int2 x0 = *reinterpret_cast<const int2*>(sb + c);
-            const int2 x1 = *reinterpret_cast<const int2*>(sb + Bn + c);
-            const int2 x2 = *reinterpret_cast<const int2*>(sb + 2 * Bn + c);
-            const int2 x3 = *reinterpret_cast<const int2*>(sb + 3 * Bn + c);
-            lts[0] = x0.x; lts[1] = x0.y; lte[0] = x1.x; lte[1] = x1.y;
-            uts[0] = x2.x; uts[1] = x2.y; ute[0] = x3.x; ute[1] = x3.y;
-          } else if (sk_even && col0 + 1 < a.Sk) {  // 8-byte aligned pairs: half the loads
-            const int2 x0 = __ldg(reinterpret_cast<const int2*>(bnd + col0));
-            const int2 x1 = __ldg(reinterpret_cast<const int2*>(bnd + a.Sk + col0));
-            const int2 x2 = __ldg(reinterpret_cast<const int2*>(bnd + 2 * (int64_t)a.Sk + col0));
-            const int2 x3 = __ldg(reinterpret_cast<const int2*>(bnd + 3 * (int64_t)a.Sk + col0));
-            lts[0] = x0.x; lts[1] = x0.y; lte[0] = x1.x; lte[1] = x1.y;
-            uts[0] = x2.x; uts[1] = x2.y; ute[0] = x3.x; ute[1] = x3.y;
-          } else {
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              const int cj = min(col0 + j, a.Sk - 1);  // clamped: out-of-range columns masked below
-              lts[j] = __ldg(bnd + cj);
-              lte[j] = __ldg(bnd + a.Sk + cj);
-              uts[j] = __ldg(bnd + 2 * (int64_t)a.Sk + cj);
-              ute[j] = __ldg(bnd + 3 * (int64_t)a.Sk + cj);
-            }
-          }
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const bool oob = col0 + j >= a.Sk;
-            const int l0 = oob ? 0 : lts[j];
-            const unsigned ll = oob ? 0x7fffffffu : (unsigned)max(lte[j] - lts[j], 0);
-            const unsigned ul = (unsigned)max(ute[j] - uts[j], 0);
-            CUTE_UNROLL
-            for (int i = 0; i < 2; ++i) {
-              const int r = row0 + 8 * i;
-              const bool masked = ((unsigned)(r - l0) < ll) | ((unsigned)(r - uts[j]) < ul);
-              float& sv = tSrS(4 * kk + 2 * i + j);
-              sv = masked ? -INFINITY : sv;
-            }
-          }
-        }
-      };
-      // Online softmax on S in place (S -> P); returns the O correction factors in corr and
-      // whether O must be rescaled by them. Rows i = 0, 1 of this thread; a row lives in the 4
-      // lanes of a quad. kLazyRescale (d = 256): the running max m_i moves only when a row of the
-      // warp grows past it by more than kRescaleLog2 (log2 units of the scaled score) or had no
-      // visible score yet; otherwise P = 2^(s*sl2 - m_i*sl2) <= 2^kRescaleLog2 and O / l keep
-      // their scale, which the epilogue's O / l and lse = m + ln l take as they are, and the block
-      // skips O's rescale (128 FMUL per thread at d = 256; at d = 64 / 128 the test costs more than
-      // it saves, so they rescale always: docs/decisions.md#fwd-d256-bn80).
-      constexpr bool kLazyRescale = D >= 256;
-      constexpr float kRescaleLog2 = 8.f;
-      // the exp of row i against the max m_i (resc: first moved to x) and l_i's update; selects,
-      // not a branch: ptxas then keeps the exp loop ahead of the PV GEMM's wait
-      auto exp_row = [&](int i, float x, bool resc, float (&corr)[2]) {
-        const float m = resc ? x : m_i[i];
-        const float msc = (m == -INFINITY) ? 0.f : m * sl2;
-        corr[i] = resc ? fast_exp2(m_i[i] * sl2 - msc) : 1.f;
-        m_i[i] = m;
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int kk = 0; kk < Bn / 8; ++kk) {
-          CUTE_UNROLL
-          for (int j = 0; j < 2; ++j) {
-            const float p = fast_exp2(fmaf(tSrS(4 * kk + 2 * i + j), sl2, -msc));
-            tSrS(4 * kk + 2 * i + j) = p;
-            sum += p;
-          }
-        }
-        l_i[i] = l_i[i] * corr[i] + sum;
-      };
-      auto softmax = [&](float (&corr)[2]) -> bool {
-        float mx[2];
-        bool grow = false;
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) {
-          float x;
-          if constexpr (NWG == 3) {
-            // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
-            // across the GEMM issue, and the chain then starts without waiting for their load
-            x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
-            CUTE_UNROLL
-            for (int kk = 1; kk < Bn / 8; ++kk) {
-              x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
-            }
-            x = fmaxf(x, m_i[i]);
-          } else {
-            x = m_i[i];
-            CUTE_UNROLL
-            for (int kk = 0; kk < Bn / 8; ++kk) {
-              x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
-            }
-          }
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-          mx[i] = x;
-          if constexpr (kLazyRescale) {
-            grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
-          } else {
-            exp_row(i, x, true, corr);
-          }
-        }
-        if constexpr (!kLazyRescale) return true;
-        const bool resc = __any_sync(0xffffffffu, grow);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) exp_row(i, mx[i], resc, corr);
-        return resc;
-      };
-      auto rescale_o = [&](float const (&corr)[2]) {
-        CUTE_UNROLL
-        for (int kk = 0; kk < D / 8; ++kk) {
-          CUTE_UNROLL
-          for (int i = 0; i < 2; ++i) {
-            tOrO(4 * kk + 2 * i) *= corr[i];
-            tOrO(4 * kk + 2 * i + 1) *= corr[i];
-          }
-        }
-      };
-      auto convert_p = [&]() {
-        CUTE_UNROLL
-        for (int e = 0; e < Bn / 2; e += 2) {
-          tOrP(e) = static_cast<Elem>(tSrS(e));
-          tOrP(e + 1) = static_cast<Elem>(tSrS(e + 1));
-        }
-      };
-      // kMaskBits: the mask from the builders' bit words (one LDS.64 per column pair, a bit test
-      // per element); the same -inf / score selection as apply_mask.
-      auto apply_bits = [&](int stage) {
-        if constexpr (T::kMaskBits) {
-          const uint32_t* wb;
-          if constexpr (T::kWordsOverBounds) {
-            wb = &fwd_words_over_bounds<T>(ss, stage)[2 * cwg + (warp % 4) / 2][colq];
-          } else {
-            wb = &ss.bits[stage][2 * cwg + (warp % 4) / 2][colq];
-          }
-          CUTE_UNROLL
-          for (int kk = 0; kk < Bn / 8; ++kk) {
-            const uint2 w = *reinterpret_cast<const uint2*>(wb + 8 * kk);
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              CUTE_UNROLL
-              for (int i = 0; i < 2; ++i) {
-                const bool masked = ((j ? w.y : w.x) & (mbit0 << (8 * i))) != 0u;
-                float& sv = tSrS(4 * kk + 2 * i + j);
-                sv = masked ? -INFINITY : sv;
-              }
-            }
-          }
-        }
-      };
-      // kMaskBits: wait until the builders published the words of a partial block. Called before
-      // an aligned wgmma instruction (the issue or the wait of the block's QK^T GEMM): with the
-      // wait after it, ptxas dropped its proof that the block walk is warp-uniform (VOTE instead of
-      // VOTEU, BRA.DIV before every shuffle, the GEMM descriptors through vector registers).
-      auto wait_bits = [&](bool partial, cutlass::PipelineState<T::Stages> st) {
-        if constexpr (T::kMaskBits) {
-          if (partial) EmptyBarrier::wait(&ss.bits_full[st.index()], st.phase());
-          asm volatile("" ::: "memory");  // the words are read after the wait
-        }
-      };
-      // A partial block's staged bounds live in its K stage: release K only after the mask.
-      // Every key block's finished QK^T passes here first, so this is where a soft cap turns the
-      // scores into tanh(S * scale / cap) (before the mask's -inf, which tanh would lose).
-      auto mask_and_release_k = [&](bool partial, int n, cutlass::PipelineState<T::Stages> st) {
-        if constexpr (T::kSoftCap) {
-          CUTE_UNROLL
-          for (int e = 0; e < Bn / 2; ++e) tSrS(e) = fast_tanh(tSrS(e) * a.softcap_prescale);
-        }
-        if constexpr (T::kMaskBits) {
-          // the words live in the stage's slot until K's release lets the builders reuse it
-          // (bits_full was waited for in wait_bits)
-          (void)n;
-          if (partial) apply_bits(st.index());
-          asm volatile("" ::: "memory");  // the words are read before the release
-          pipe_k.consumer_release(st);
-        } else if (partial && smem_bnd) {
-          apply_mask(cute::true_type{}, n, st.index());
-          pipe_k.consumer_release(st);
-        } else {
-          pipe_k.consumer_release(st);
-          if (partial) apply_mask(cute::false_type{}, n, st.index());
-        }
-      };
 
       KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks =
           pre ? blocks_nxt
               : KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
                     a.meta + ((int64_t)b * a.Hm + hm) * 8 * (int64_t)nblk, nblk, ms, me, a.Sk, lane,
-                    a.group_meta, reversed(t));
+                    a.group_meta, sched.reversed(t));
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
       if constexpr (!T::Overlap) {
@@ -508,12 +202,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
           pipe_k.consumer_wait(rd);
-          wait_bits(partial, rd);
+          ml.wait_bits(partial, rd);
           wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-          mask_and_release_k(partial, n, rd);
+          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
-          if (softmax(corr)) rescale_o(corr);
-          convert_p();
+          if (softmax.online_softmax(tSrS, corr)) softmax.rescale_o(tOrO, corr);
+          ml.convert_p();
           pipe_v.consumer_wait(rd);
           wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
           pipe_v.consumer_release(rd);
@@ -541,14 +235,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           } else {
             n = blocks.next(partial, a.group_meta);
             pipe_k.consumer_wait(rd);
-            wait_bits(partial, rd);
+            ml.wait_bits(partial, rd);
             wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
           }
           if (!blocks.has_next()) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T done
-          mask_and_release_k(partial, n, rd);
+          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
-          softmax(corr);
-          convert_p();
+          softmax.online_softmax(tSrS, corr);
+          ml.convert_p();
         }
         if constexpr (kPingPong) {
           if (cwg == 1 && blocks.has_next()) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
@@ -579,19 +273,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (cwg < 2) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + cwg) : "memory");
             else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
           }
-          wait_bits(partial, rd);
+          ml.wait_bits(partial, rd);
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
           if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
-          mask_and_release_k(partial, n, rd);
+          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
-          const bool resc = softmax(corr);
+          const bool resc = softmax.online_softmax(tSrS, corr);
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(tOrP);
           pipe_v.consumer_release(rd_prev);
-          if (resc) rescale_o(corr);
-          convert_p();
+          if (resc) softmax.rescale_o(tOrO, corr);
+          ml.convert_p();
         }
         pipe_v.consumer_wait(rd);
         // last PV GEMM of the tile: waited for (and its V stage released) below, after the tile
@@ -608,26 +302,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // in flight), then its first QK^T issued right behind the PV GEMM, one wait for both.
           const int nit = it + 1, nslot = nit % QS;
           const uint32_t nphase = (nit / QS) & 1;
-          EmptyBarrier::wait(&ss.sched[nslot], nphase);
-          t_nxt = *reinterpret_cast<volatile int*>(&ss.tile_id[nslot]);
+          Sched::wait_published(ss, nslot, nphase);
+          t_nxt = Sched::published(ss, nslot);
           auto rdn = rd;
           if (had_blocks) ++rdn;  // stage of the next tile's first block
           bool go = false;
           if (t_nxt >= 0) {
-            int m2, h2, b2;
-            decode(t_nxt, m2, h2, b2);
+            const FwdTile w = sched.decode(t_nxt);
+            const int m2 = w.m_blk, h2 = w.h, b2 = w.b;
             const int hm2 = h2 / a.heads_per_mask;
             const int ms2 = m2 * Bm, me2 = min(ms2 + Bm, a.Sq);
             blocks_nxt = KeptBlocks<Bn, T::kGroupScan, T::kPaired>(
                 a.meta + ((int64_t)b2 * a.Hm + hm2) * 8 * (int64_t)nblk, nblk, ms2, me2, a.Sk, lane,
-                a.group_meta, reversed(t_nxt));
+                a.group_meta, sched.reversed(t_nxt));
             go = blocks_nxt.has_next();
           }
           if (go) {
             pend_n = blocks_nxt.next(pend_partial, a.group_meta);
             Barrier::wait(&ss.q_full[nslot], nphase);
             pipe_k.consumer_wait(rdn);
-            wait_bits(pend_partial, rdn);
+            ml.wait_bits(pend_partial, rdn);
             wgmma_gemm<true, -1, false>(mma_qk, tSrQ(_, _, _, nslot), tSrK(_, _, _, rdn.index()),
                                         tSrS);
             pend = true;
@@ -649,28 +343,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
 
-      // Epilogue: normalize, write O (input dtype) and LSE (natural log, -inf for empty rows).
-      float inv[2], lse[2];
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        float l = l_i[i];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        // l == 0 only where no key was visible; a NaN l (NaN in a visible input) must reach O and
-        // the LSE, so the test is not `!(l > 0)`.
-        const bool empty = l == 0.f;
-        inv[i] = empty ? 0.f : 1.f / l;
-        lse[i] = empty ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
-      }
-      Elem* out = reinterpret_cast<Elem*>(a.o);
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int r = row0 + 8 * i;
-        // every lane shuffles (store_row_chunks); rows past Sq store nothing
-        store_row_chunks<Elem, D>(r < a.Sq ? out + (((int64_t)b * a.Sq + r) * a.N + h) * D : nullptr,
-                                  tOrO, i, inv[i], lane);
-        if (r < a.Sq && (lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
-      }
+      fwd_store_o_lse<Elem, D>(a, tOrO, m_i, l_i, sl2, row0, b, h, lane);
     }  // tile loop
   }
 #endif

@@ -1,16 +1,19 @@
-// Work-item schedulers of the backward, as types for flashmask_bwd_kernel (bwd_kernel.cuh):
-// BwdSingleTileScheduler, the pp kernel's item of its CTA (plain grid (nblk, K, B), or in
-// deterministic mode the interleaved launch groups and the pre-pass's key-block order), and
-// BwdPersistentScheduler, the persistent grid's item ring (bwd_decode_item); both give each role
-// its items through one interface (producer_item, writer_item, start_walk, item_view), so that
-// the kernel has one item loop per role. The forward's tile order is in its kernel (heaviest
-// first, pairs with FwdTraitsPaired).
-// Contract: every (key block, kv head, batch) item exactly once; in deterministic mode a CTA only
-//   waits for ordering slots above its own of its own pair, all at lower grid positions
-//   (deadlock-free without co-residency).
-// Synchronization: the persistent grid's item ring (sched_full / sched_empty) and K / V release
-//   (kv_empty); the ordering bits are in epilogue.cuh.
-// Knobs: BwdArgs::det_group (0: the device pre-pass's G), BwdArgs::det_perm, BwdArgs::sec_heads.
+// Work-item schedulers. Forward: FwdTileScheduler, the query-tile order of flashmask_fwd_kernel
+// on its persistent grid (heaviest first within a head; pairs with FwdTraitsPaired) and the
+// tile-id hand-off from the producer to the consumers. Backward, as types for
+// flashmask_bwd_kernel (bwd_kernel.cuh): BwdSingleTileScheduler, the pp kernel's item of its CTA
+// (plain grid (nblk, K, B), or in deterministic mode the interleaved launch groups and the
+// pre-pass's key-block order), and BwdPersistentScheduler, the persistent grid's item ring
+// (bwd_decode_item); both give each role its items through one interface (producer_item,
+// writer_item, start_walk, item_view), so that the kernel has one item loop per role.
+// Contract: every query tile (forward) / (key block, kv head, batch) item (backward) exactly
+//   once; in deterministic mode a CTA only waits for ordering slots above its own of its own
+//   pair, all at lower grid positions (deadlock-free without co-residency).
+// Synchronization: forward: the tile-id slots (sched / q_empty mbarriers); backward: the
+//   persistent grid's item ring (sched_full / sched_empty) and K / V release (kv_empty); the
+//   ordering bits are in epilogue.cuh.
+// Knobs: FwdTileScheduler<Bm, kPaired>; BwdArgs::det_group (0: the device pre-pass's G),
+//   BwdArgs::det_perm, BwdArgs::sec_heads.
 #pragma once
 
 #include "kernel_args.h"
@@ -20,6 +23,85 @@
 namespace jfm::sm90 {
 
 using namespace cute;
+
+// ---------------------------------------------------------------------------------------------
+// Forward query tiles. Tile t -> (m_blk, h, b): (batch, head)-major so that the ~132 tiles in
+// flight at any time share one head's K/V in L2 (a head-fastest order thrashes L2); inside a head
+// the last query tile comes first (heaviest first for bottom-right causal masks). kPaired: inside
+// a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ..., handed out in pairs (2i,
+// 2i + 1), the second of each pair walked from its last key block down (FwdTraitsPaired).
+// The first tile (pair) of a CTA is blockIdx.x; the next ones come from the global counter
+// KArgs::tile_counter (dynamic: a CTA that finishes early takes the next tile of the same order);
+// without a counter the CTA has one tile (a launch of one CTA per tile; no shipped launcher uses
+// it). The producer warp claims the next tile while the current one loads and publishes each tile
+// id in the slot of its Q buffer (`sched`), so the consumers can classify the tile's key blocks
+// before its Q lands.
+struct FwdTile {
+  int m_blk, h, b;
+};
+template <int Bm, bool kPaired>
+struct FwdTileScheduler {
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+  KArgs const& a;
+  const int mblk;         // query tiles per (batch, head)
+  const int total_tiles;  // mblk * N * B
+
+  __device__ __forceinline__ explicit FwdTileScheduler(KArgs const& a_)
+      : a(a_), mblk((a_.Sq + Bm - 1) / Bm), total_tiles(mblk * (a_.N * a_.B)) {}
+
+  __device__ __forceinline__ FwdTile decode(int t) const {
+    FwdTile w;
+    const int hb = t / mblk;
+    if constexpr (kPaired) {
+      const int j = t - hb * mblk;
+      w.m_blk = (j & 1) ? (j >> 1) : mblk - 1 - (j >> 1);
+    } else {
+      w.m_blk = mblk - 1 - (t - hb * mblk);
+    }
+    w.h = hb % a.N;
+    w.b = hb / a.N;
+    return w;
+  }
+  // the tile walks its key blocks from the last down (the second tile of a pair)
+  __device__ __forceinline__ bool reversed(int t) const { return kPaired && (t & 1) != 0; }
+  // CTA i starts with tile i (pair i = tiles 2i, 2i + 1)
+  __device__ __forceinline__ int first_tile() const {
+    return kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
+  }
+  // Producer warp, after tile t: lane 0 claims the next tile from the counter (tiles, or pairs)
+  // into t_next; the other lanes, and lane 0 without a counter, leave it (total_tiles: none).
+  // The caller broadcasts lane 0's.
+  __device__ __forceinline__ void claim_next(int& t_next, int t, int lane, int* counter) const {
+    if constexpr (kPaired) {
+      if (lane == 0) {
+        if ((t & 1) == 0) {
+          t_next = t + 1;  // the pair's second tile
+        } else if (counter != nullptr) {
+          t_next = 2 * ((int)gridDim.x + atomicAdd(counter, 1));
+        }
+      }
+    } else {
+      if (lane == 0 && counter != nullptr) t_next = gridDim.x + atomicAdd(counter, 1);
+    }
+  }
+  // Producer lane 0: the it-th tile id t (done: -1, no more tiles) into its Q slot, once the
+  // consumers finished tile it - QS there (q_empty).
+  template <int QS, class Storage>
+  __device__ __forceinline__ static void publish(Storage& ss, int it, int slot, int t, bool done) {
+    if (it >= QS) EmptyBarrier::wait(&ss.q_empty[slot], ((it / QS) - 1) & 1);
+    ss.tile_id[slot] = done ? -1 : t;
+    EmptyBarrier::arrive(&ss.sched[slot]);
+  }
+  // Consumers: wait for the slot's tile id (phase: the slot's round parity), then read it.
+  template <class Storage>
+  __device__ __forceinline__ static void wait_published(Storage& ss, int slot, uint32_t phase) {
+    EmptyBarrier::wait(&ss.sched[slot], phase);
+  }
+  template <class Storage>
+  __device__ __forceinline__ static volatile int& published(Storage& ss, int slot) {
+    return *reinterpret_cast<volatile int*>(&ss.tile_id[slot]);
+  }
+};
 
 // Deterministic mode: the key block at launch position r of pair (hk, b), whose ordering slot is
 // nblk - 1 - r: the pre-pass's order when the launcher asked for it (BwdArgs::det_perm: every
