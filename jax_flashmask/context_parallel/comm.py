@@ -121,7 +121,6 @@ def _build(kind, P, m, nodes, plan, needed):
                 pieces.append(Piece(source=src, slots=tuple(slots), received=tuple(map(tuple, rec))))
     elif kind == "hierarchical":
         g = P // nodes
-        node_of = lambda r: r // g  # noqa: E731
         # stage 1: cross-node, same local slot; kept when any rank of the receiving node needs it
         stage1 = {}  # (u, b) -> transfer id
         for u in range(1, nodes):

@@ -6,7 +6,6 @@ call into `jax_flashmask.attention`. The framework modules only own parameters.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from .._api import attention

@@ -14,7 +14,6 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
     ) from e
 
 import jax
-import jax.numpy as jnp
 
 from ..masks import FlashMask
 from ._common import check_head_config, merge_heads, multihead_attention, split_heads
