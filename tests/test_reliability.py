@@ -364,6 +364,11 @@ def test_higher_order_error_translation():
     with pytest.raises(NotImplementedError, match="jax_flashmask.*implementation='xla'"):
         with _transforms.explain_higher_order():
             raise NotImplementedError("Differentiation rule for 'ffi_call' not implemented")
+    # jax >= 0.11 words it so (seen on the device with jax 0.11.2)
+    with pytest.raises(NotImplementedError, match="jax_flashmask.*implementation='xla'"):
+        with _transforms.explain_higher_order():
+            raise ValueError("The FFI call to `jax_flashmask_fwd_sm90` cannot be differentiated. "
+                             "You can use `jax.custom_jvp` or `jax.custom_jvp` to add support.")
     with pytest.raises(ValueError, match="unrelated"):
         with _transforms.explain_higher_order():
             raise ValueError("unrelated")
