@@ -191,3 +191,23 @@ def test_ffi_calls_carry_the_config(monkeypatch):
                                                   logits_soft_cap=30.0))
     hlo = bwd.lower(q, b, lse).as_text()
     assert f'config = "{configs.BWD_D256_SOFTCAP.name}"' in hlo and "softcap = 3.000000e+01" in hlo
+
+
+def test_kernel_bounds_clip_keeps_every_row_mask():
+    """The Hopper calls clip the bounds to [0, Sq] (no int32 overflow in the kernels' interval
+    lengths); every row's mask is that of the raw bounds, anywhere in int32."""
+    import numpy as np
+
+    from jax_flashmask.backends.cuda import ops
+    from jax_flashmask.masks import dense_from_bounds
+
+    rng = np.random.default_rng(0)
+    Sq, Sk = 37, 50
+    big = rng.integers(-(2 ** 31), 2 ** 31, (2, 3, 4, Sk))
+    ends = rng.choice(np.array([-(2 ** 31), 2 ** 31 - 1, 0, -1, Sq, Sq + 1]), (2, 3, 4, Sk))
+    small = rng.integers(-5, Sq + 5, (2, 3, 4, Sk))
+    raw = np.choose(rng.integers(0, 3, (2, 3, 4, Sk)), [big, ends, small]).astype(np.int32)
+    clipped = np.asarray(ops._kernel_bounds(jnp.asarray(raw), Sq))
+    assert clipped.min() >= 0 and clipped.max() <= Sq
+    assert (np.asarray(dense_from_bounds(jnp.asarray(raw), Sq))
+            == np.asarray(dense_from_bounds(jnp.asarray(clipped), Sq))).all()
