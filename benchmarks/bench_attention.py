@@ -450,17 +450,19 @@ class FlexImpl:
         return None
 
     def _mask_mod(self, S):
-        torch = self.torch
         if S not in self._bufs:
-            buf = torch.empty((4, S), dtype=torch.int32, device="cuda")
-
-            def mask_mod(b, h, q_idx, kv_idx):
-                lts, lte, uts, ute = buf[0, kv_idx], buf[1, kv_idx], buf[2, kv_idx], buf[3, kv_idx]
-                masked = ((lts <= q_idx) & (q_idx < lte)) | ((uts <= q_idx) & (q_idx < ute))
-                return ~masked
-
-            self._bufs[S] = (buf, mask_mod)
+            buf = self.torch.empty((4, S), dtype=self.torch.int32, device="cuda")
+            self._bufs[S] = (buf, self._make_mask_mod(buf))
         return self._bufs[S]
+
+    @staticmethod
+    def _make_mask_mod(buf):
+        def mask_mod(b, h, q_idx, kv_idx):
+            lts, lte, uts, ute = buf[0, kv_idx], buf[1, kv_idx], buf[2, kv_idx], buf[3, kv_idx]
+            masked = ((lts <= q_idx) & (q_idx < lte)) | ((uts <= q_idx) & (q_idx < ute))
+            return ~masked
+
+        return mask_mod
 
     def prepare(self, case: Case):
         """Load the case's vectors into the per-length buffer and build the block mask."""
@@ -540,20 +542,17 @@ class FlexFlashImpl(FlexImpl):
         self.flex = self.torch.compile(
             functools.partial(flex_attention, kernel_options={"BACKEND": "FLASH"}), dynamic=False)
 
-    def _mask_mod(self, S):
+    @staticmethod
+    def _make_mask_mod(buf):
         # the CuTe DSL traces the mask_mod: one captured 1-D tensor per vector (an integer index
         # into a 2-D buffer is refused: "Expected TensorSSA, but got int") and no `~`
-        torch = self.torch
-        if S not in self._bufs:
-            buf = torch.empty((4, S), dtype=torch.int32, device="cuda")
-            lts, lte, uts, ute = buf[0], buf[1], buf[2], buf[3]
+        lts, lte, uts, ute = buf[0], buf[1], buf[2], buf[3]
 
-            def mask_mod(b, h, q_idx, kv_idx):
-                return (((q_idx < lts[kv_idx]) | (q_idx >= lte[kv_idx]))
-                        & ((q_idx < uts[kv_idx]) | (q_idx >= ute[kv_idx])))
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (((q_idx < lts[kv_idx]) | (q_idx >= lte[kv_idx]))
+                    & ((q_idx < uts[kv_idx]) | (q_idx >= ute[kv_idx])))
 
-            self._bufs[S] = (buf, mask_mod)
-        return self._bufs[S]
+        return mask_mod
 
 
 class Fa4JaxImpl(JaxImpl):
