@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // reads tile it+1's id, scans its key blocks and issues its first QK^T GEMM (into tSrS) before
     // waiting for tile it's last PV GEMM, then waits for both and runs tile it's epilogue. State
     // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
-    const bool tovl = T::Overlap && a.tile_overlap != 0;
+    const bool tovl = a.tile_overlap != 0;
     int t_nxt = -1;
     KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
     bool pend = false, pend_partial = false;
@@ -167,10 +167,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const uint32_t qphase = (it / QS) & 1;
       // Nothing is in flight here (the boundary waits with wait<0>); kept unconditional so that
       // ptxas sees no wgmma in flight across the loop back-edge on any path.
-      if constexpr (T::Overlap) {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
       const bool pre = tovl && it > 0;  // tile id and block scan done at the previous boundary
       if (!pre) Sched::wait_published(ss, slot, qphase);
       const int t = pre ? t_nxt : Sched::published(ss, slot);
@@ -196,24 +194,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                     a.group_meta, sched.reversed(t));
       if (!pend) Barrier::wait(&ss.q_full[slot], qphase);  // pend: waited at the boundary
       const bool had_blocks = pend || blocks.has_next();
-      if constexpr (!T::Overlap) {
-        // Step-2 mainloop: S = QK^T, wait; mask + softmax; O += PV, wait.
-        while (blocks.has_next()) {
-          bool partial;
-          const int n = blocks.next(partial, a.group_meta);
-          pipe_k.consumer_wait(rd);
-          ml.wait_bits(partial, rd);
-          wgmma_gemm<true, 0, false>(mma_qk, tSrQs, tSrK(_, _, _, rd.index()), tSrS);
-          ml.finish_scores(partial, n, rd, row0, bnd);
-          float corr[2];
-          if (softmax.online_softmax(tSrS, corr)) softmax.rescale_o(tOrO, corr);
-          ml.convert_p();
-          pipe_v.consumer_wait(rd);
-          wgmma_gemm<false, 0, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
-          pipe_v.consumer_release(rd);
-          ++rd;
-        }
-      } else if (had_blocks) {
+      if (had_blocks) {
         // FA3-style: the softmax of block t overlaps the QK^T GEMM of block t+1 and the PV GEMM of
         // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
@@ -292,11 +273,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // boundary work of the overlap
         wgmma_gemm<false, -1, true>(mma_pv, tOrP, tOrV(_, _, _, rd.index()), tOrO);
       }
-      // Q is free once every QK^T GEMM of the tile has completed (the overlap path signals it
-      // right after its last QK^T; here: the other paths and tiles without any kept block).
-      if (!T::Overlap || !had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);
+      // Q is free once every QK^T GEMM of the tile has completed (the walk signals it right after
+      // its last QK^T; here: tiles without any kept block).
+      if (!had_blocks) EmptyBarrier::arrive(&ss.q_empty[slot]);
 
-      if constexpr (T::Overlap) {
+      {
         if (tovl) {
           // Tile boundary: next tile's id and block scan (its metadata loads run under the PV GEMM
           // in flight), then its first QK^T issued right behind the PV GEMM, one wait for both.

@@ -35,6 +35,9 @@ using namespace cute;
 
 template <class Elem_, int D_, int Bn_, int NWG_, int Stages_, bool Overlap_>
 struct FwdTraits {
+  // Every forward overlaps the softmax of block t with the GEMMs of t - 1 and t + 1 (FA3-style);
+  // the serial walk left the tree with the last configuration that used it.
+  static_assert(Overlap_, "the forward kernel has the overlapped walk only");
   static constexpr bool Overlap = Overlap_;
   using Elem = Elem_;
   static constexpr int D = D_, Bn = Bn_, NWG = NWG_, Stages = Stages_;
