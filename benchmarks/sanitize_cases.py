@@ -15,9 +15,14 @@ Exit status 1 when an output differs from the reference.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
+
+# Under compute-sanitizer, XLA's GEMM autotuning segfaulted before any of our kernels ran (jax
+# 0.11.2, H200): the tool runs XLA's own programs without autotuning.
+os.environ.setdefault("XLA_FLAGS", "--xla_gpu_autotune_level=0")
 
 
 def main(argv=None) -> int:
