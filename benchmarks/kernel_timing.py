@@ -130,11 +130,12 @@ def main():
             base = dict(S=S, B=B, H=H, d=d, mask=name, rho=rho, visible=vis,
                         window=a.window if name == "sliding_window" else None)
             if a.bwd:
-                fw = {cap: jax.block_until_ready(cuda.forward(
-                    q, k, v, bounds, scale=scale, structure=structure(name), logits_soft_cap=cap))
-                    for cap in (None, a.soft_cap)}
                 runs = [(c or configs.backward_config(d, bool(det), a.sm_margin), bool(det))
                         for c in (named or [None]) for det in a.det]
+                # out / lse of the forward with the cap each backward takes (only those run)
+                fw = {cap: jax.block_until_ready(cuda.forward(
+                    q, k, v, bounds, scale=scale, structure=structure(name), logits_soft_cap=cap))
+                    for cap in {a.soft_cap if c.soft_cap else None for c, _ in runs}}
             else:
                 runs = [(c, False) for c in (named or [configs.forward_config(d, structure(name))])]
             first = {}

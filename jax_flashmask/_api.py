@@ -176,7 +176,7 @@ def attention(
         logits_soft_cap = float(logits_soft_cap)
         if not (math.isfinite(logits_soft_cap) and logits_soft_cap > 0):
             raise ValueError(f"logits_soft_cap must be a finite float > 0, got {logits_soft_cap}")
-    implementation = backends.choose(implementation, query, logits_soft_cap=logits_soft_cap)
+    implementation = backends.choose(implementation, query)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     opts = CallOptions(implementation, scale, deterministic, int(sm_margin), structure, logits_soft_cap)
     with _transforms.explain_forward_mode():

@@ -34,7 +34,7 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-def choose(implementation, query, *, logits_soft_cap=None) -> str:
+def choose(implementation, query) -> str:
     """The implementation that runs: `implementation` itself (checked), or for None the Hopper
     kernels when they are available and support the problem, else the portable path."""
     if implementation not in IMPLEMENTATIONS:
@@ -48,7 +48,6 @@ def choose(implementation, query, *, logits_soft_cap=None) -> str:
                     "Use implementation='xla' (portable) or None (best available).")
             cuda.check_supported(query.shape, query.dtype, query.shape[-1])
         return implementation
-    del logits_soft_cap  # every path takes it
     if cuda_unavailable_reason() is None:
         try:
             cuda.check_supported(query.shape, query.dtype, query.shape[-1])
