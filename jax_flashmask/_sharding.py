@@ -33,6 +33,8 @@ from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from . import _transforms
+
 __all__ = ["forward", "backward", "Layout"]
 
 
@@ -274,7 +276,10 @@ def _batchable(direction, opts, layout):
     @differentiable.defjvp
     def _jvp(primals, tangents):
         unpartitioned = lambda *a: tuple(_UNPARTITIONED[direction](opts, layout, *a))  # noqa: E731
-        return jax.jvp(unpartitioned, primals, tangents)
+        # JAX runs this rule while it processes an already traced program (jvp of the jitted
+        # attention), outside the custom_vjp's own error translation: translate here too.
+        with _transforms.explain_higher_order():
+            return jax.jvp(unpartitioned, primals, tangents)
 
     return differentiable
 

@@ -372,3 +372,37 @@ def test_higher_order_error_translation():
     with pytest.raises(ValueError, match="unrelated"):
         with _transforms.explain_higher_order():
             raise ValueError("unrelated")
+
+
+def test_second_derivative_through_a_kernel_without_rules(monkeypatch):
+    """jax.hessian of a jitted attention reaches the kernels in JAX's jvp of the traced program
+    (the sharding rule's jvp), outside the custom_vjp: the library's error is raised there too.
+    The kernel here is the portable forward behind a jvp rule that fails as an FFI call does."""
+    from jax_flashmask import backends
+
+    real = backends.kernels
+
+    def kernels(*args, **kwargs):
+        fwd, bwd = real(*args, **kwargs)
+
+        def opaque_fwd(q, k, v, bounds, **kw):
+            @jax.custom_jvp
+            def call(q, k, v, bounds):
+                return fwd(q, k, v, bounds, **kw)
+
+            @call.defjvp
+            def _no_rule(primals, tangents):
+                raise ValueError("The FFI call to `opaque` cannot be differentiated. "
+                                 "You can use `jax.custom_jvp` or `jax.custom_jvp` to add support.")
+
+            return call(q, k, v, bounds)
+
+        return opaque_fwd, bwd
+
+    monkeypatch.setattr(backends, "kernels", kernels)
+    q, k, v = _qkv(6, 1, 16, 16, 2, 1, 8)
+    # a scale no other test uses: jit's cache must not hand back a program traced with the real kernels
+    f = lambda q: jnp.sum(jf.attention(q, k, v, causal=True, implementation="xla", scale=0.3125))  # noqa: E731
+    assert np.isfinite(jax.grad(f)(q)).all()  # a first derivative never differentiates the kernels
+    with pytest.raises(NotImplementedError, match="jax_flashmask"):
+        jax.hessian(f)(q[:, :4])
