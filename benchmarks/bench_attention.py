@@ -926,6 +926,30 @@ def _anchor_tflops(anchors, row):
     return {**a, "exact": False}
 
 
+_COMMAND_FLAGS = ("impls", "masks", "seqlens", "head_dims", "extra_head_dims", "extra_seqlens", "heads",
+                  "total_tokens", "fwd_only", "ours_implementation", "iters", "min_iters", "budget_s",
+                  "check_rows", "no_check", "seed", "time_limit_s")
+
+
+def command_line(args: dict) -> str:
+    """The bench_attention.py command of a run, from the arguments its JSON recorded."""
+    parts = ["python3 benchmarks/bench_attention.py"]
+    for name in _COMMAND_FLAGS:
+        if name not in args:
+            continue
+        value = args[name]
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts += [flag] if value else []
+        elif name == "masks" and list(value) == list(MASK_NAMES):
+            parts.append(f"{flag} all")
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{flag}={','.join(str(x) for x in value)}")
+        elif value is not None:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
 def render_markdown(doc: dict, anchors: dict | None = None) -> str:
     anchors = anchors or {}
     meta = doc["meta"]
@@ -945,6 +969,9 @@ def render_markdown(doc: dict, anchors: dict | None = None) -> str:
            "exact visible-area FLOPs, so compare them with the 'fwd TF exact' column)." if anchors else ""),
         "",
     ]
+    runs = meta.get("runs") or [{"args": meta.get("args", {})}]
+    lines += ["Command" + ("s" if len(runs) > 1 else "") + " (`meta` in the JSON has the environment):", "", "```"]
+    lines += [command_line(run["args"]) for run in runs if run.get("args")] + ["```", ""]
     rows = doc["results"]
     groups = []
     for r in rows:
@@ -1044,6 +1071,7 @@ def merge_results(docs: list[dict], names: list[str]) -> dict:
             rows[(r["S"], r["d"], r["mask"], r["impl"])] = r
     meta = dict(docs[0]["meta"])
     meta["merged_from"] = [str(n) for n in names]
+    meta["runs"] = [run for d in docs for run in (d["meta"].get("runs") or [{"args": d["meta"].get("args", {})}])]
     return {"meta": meta, "results": list(rows.values())}
 
 

@@ -23,6 +23,9 @@ import numpy as np
 # Under compute-sanitizer, XLA's GEMM autotuning segfaulted before any of our kernels ran (jax
 # 0.11.2, H200): the tool runs XLA's own programs without autotuning.
 os.environ.setdefault("XLA_FLAGS", "--xla_gpu_autotune_level=0")
+# Every buffer its own cudaMalloc: inside XLA's pooled allocator an access past a buffer's end lands
+# in the pool and memcheck cannot see it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 
 def main(argv=None) -> int:

@@ -260,3 +260,38 @@ def test_cp_bench_dry_run_on_two_host_devices(tmp_path):
         assert r["out_rel_err"] < 2e-2 and r["grad_rel_err"] < 3e-2, r
         assert 0.0 <= r["fwdbwd_hidden"] <= 1.0 and r["fwd_compute_ms"] > 0, r
     assert "| causal_document |" in (tmp_path / "cp.md").read_text()
+
+
+def test_render_names_the_commands(tmp_path):
+    """The markdown carries the command of each run it merged, from the arguments in the JSON."""
+    base = dict(S=1024, d=128, B=128, H=32, causal=True, D=1, rho=0.5, status="skipped", reason="x",
+                mask="causal", impl="ours")
+    docs = []
+    for i, S in enumerate((1024, 2048)):
+        args = vars(bench.parse_args(["--seqlens", str(S), "--masks", "all", "--impls", "ours,flex"]))
+        docs.append({"meta": {"date": "d", "args": args}, "results": [dict(base, S=S)]})
+        (tmp_path / f"r{i}.json").write_text(json.dumps(docs[-1]))
+    assert bench.main(["--render", str(tmp_path / "r0.json"), str(tmp_path / "r1.json"),
+                       "--out-dir", str(tmp_path), "--out-prefix", "m", "--no-plot"]) == 0
+    md = (tmp_path / "m.md").read_text()
+    for S in (1024, 2048):
+        assert f"bench_attention.py --impls=ours,flex --masks all --seqlens={S} " in md
+    again = bench.parse_args(md.split("bench_attention.py ")[1].split("\n")[0].split())
+    assert again.seqlens == [1024] and list(again.masks) == list(bench.MASK_NAMES)
+
+
+def test_ab_compare_table(tmp_path):
+    spec = importlib.util.spec_from_file_location("ab_compare", ROOT / "benchmarks" / "ab_compare.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    row = dict(S=8192, d=128, mask="causal", status="ok", check="pass")
+    files = {"ab_new_x.json": [dict(row, fwd_ms=9.0, fwdbwd_ms=30.0)],
+             "ab_old_x.json": [dict(row, fwd_ms=10.0, fwdbwd_ms=30.0)],
+             "ab_old_x_again.json": [dict(row, fwd_ms=10.5, fwdbwd_ms=31.0)]}
+    for name, rows in files.items():
+        (tmp_path / name).write_text(json.dumps({"results": rows}))
+    md = ab.render(ab.load([tmp_path / n for n in files], ("new", "old")), "new", "old")
+    assert "| causal | 9.000 | 10.000 | 0.900 | 30.000 | 30.000 | 1.000 | pass / pass |" in md
+    assert "| 8192 | 128 | causal | old | 10.000 / 10.500 | 30.00 / 31.00 |" in md
+    with pytest.raises(SystemExit, match="neither label"):
+        ab.load([tmp_path / "ab_new_x.json"], ("a", "b"))
