@@ -419,57 +419,31 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
 template <class T>
 cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
-  constexpr int D = T::D, Bm = T::Bm, Bn = T::Bn;
-  if (p.d != D) {
+  if (p.d != T::D) {
     if (err) *err = "flashmask sm90 backward: launch_bwd_d256 called with d != 256";
     return cudaErrorInvalidValue;
   }
-  const int nblk = (p.Sk + Bn - 1) / Bn;
-  const int mblk = (p.Sq + Bm - 1) / Bm;
-  const int sq_pad = mblk * Bm;
-  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * nblk ||
-      p.rowstats_capacity < 2 * (int64_t)p.B * p.N * sq_pad ||
-      p.dq_accum_capacity < (int64_t)p.B * p.N * sq_pad * D) {
-    if (err) *err = "flashmask sm90 backward: workspace too small (d = 256: metadata at 64 keys)";
-    return cudaErrorInvalidValue;
-  }
-  const int sem_words = (nblk + 31) / 32;
-  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
-                          p.dq_sem_capacity < (int64_t)p.B * p.N * mblk * sem_words)) {
-    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
-    return cudaErrorInvalidValue;
-  }
-  if (p.K > 65535 || p.B > 65535) {
-    if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
-    return cudaErrorInvalidValue;
-  }
-  if ((int64_t)p.B * p.N * mblk > INT32_MAX) {  // dq_mode 0 keeps the tile index in an int
+  BwdGeometry g;
+  cudaError_t e = bwd_geometry<T>(p, g, err);
+  if (e != cudaSuccess) return e;
+  if ((int64_t)p.B * p.N * g.mblk > INT32_MAX) {  // dq_mode 0 keeps the tile index in an int
     if (err) *err = "flashmask sm90 backward: too many query tiles";
     return cudaErrorInvalidValue;
   }
-  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
-  const size_t smem = sizeof(typename T::SharedStorage);
-
-  cudaError_t e = bwd_prepare_workspaces<T>(p, mblk, sq_pad, sem_words,
-                                                 (size_t)p.B * p.N * sq_pad * T::D, stream);
+  e = bwd_prepare_workspaces<T>(p, g.mblk, g.sq_pad, g.sem_words,
+                                (size_t)p.B * p.N * g.sq_pad * T::D, stream);
   if (e != cudaSuccess) return e;
   const auto tmas = bwd_tma_copies<T>(p);
   auto tma_q = std::get<0>(tmas), tma_do = std::get<1>(tmas);
   auto tma_k = std::get<2>(tmas), tma_v = std::get<3>(tmas);
-  BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
+  BwdArgs a = bwd_args(p, g.nblk, g.mblk, g.sq_pad, g.sem_words);
   if (p.deterministic) {
-    e = bwd_launch_det_order(p, a, nblk, mblk, Bm, stream, err);
+    e = bwd_launch_det_order(p, a, g.nblk, g.mblk, T::Bm, stream, err);
     if (e != cudaSuccess) return e;
   }
-
-  auto kernel = &flashmask_bwd_d256_kernel<T, decltype(tma_q), decltype(tma_k)>;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return e;
-  dim3 grid(nblk, p.K, p.B);
-  kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  return bwd_convert_dq_sm90(p, sq_pad, Bm, stream);
+  return bwd_launch_and_convert<T>(&flashmask_bwd_d256_kernel<T, decltype(tma_q), decltype(tma_k)>,
+                                   dim3(g.nblk, p.K, p.B), p, g.sq_pad, stream,
+                                   a, tma_q, tma_do, tma_k, tma_v);
 }
 
 }  // namespace jfm::sm90

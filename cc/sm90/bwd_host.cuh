@@ -1,7 +1,7 @@
-// Host side shared by the backward launchers (launch_bwd_impl, launch_bwd_d256_impl): workspace
-// preparation (block metadata, row statistics, zeroed dQ accumulator, ordering bits), TMA
+// Host side shared by the backward launchers (launch_bwd_impl, launch_bwd_d256_impl): the problem's
+// geometry and its checks, workspace preparation (block metadata, row statistics, zeroed dQ accumulator, ordering bits), TMA
 // descriptors, the common kernel arguments, the metadata workspace layout and the deterministic
-// order's pre-pass.
+// order's pre-pass, the launch with the dQ conversion behind it.
 // Contract: everything on the caller's stream, no host synchronization; capacity checks return
 //   cudaErrorInvalidValue with a message.
 // Synchronization: stream order only. Knobs: none.
@@ -14,6 +14,54 @@
 namespace jfm::sm90 {
 
 using namespace cute;
+
+// The tile counts of a backward problem at T's tiles: key blocks, query tiles, the padded query
+// length of the row statistics and dQ accumulator, and the ordering-bit words per query tile.
+struct BwdGeometry {
+  int nblk, mblk, sq_pad, sem_words;
+};
+
+// The geometry of `p` at T's tiles, after the checks every backward launcher makes: the
+// workspaces' capacities (block metadata at T::Bn keys, row statistics, dQ accumulator), what the
+// deterministic mode needs, and the grid's limits on kv heads and batch.
+template <class T>
+cudaError_t bwd_geometry(const BwdParams& p, BwdGeometry& g, const char** err) {
+  g.nblk = (p.Sk + T::Bn - 1) / T::Bn;
+  g.mblk = (p.Sq + T::Bm - 1) / T::Bm;
+  g.sq_pad = g.mblk * T::Bm;
+  g.sem_words = (g.nblk + 31) / 32;
+  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * g.nblk ||
+      p.rowstats_capacity < 2 * (int64_t)p.B * p.N * g.sq_pad ||
+      p.dq_accum_capacity < (int64_t)p.B * p.N * g.sq_pad * T::D) {
+    if (err) *err = "flashmask sm90 backward: workspace too small";
+    return cudaErrorInvalidValue;
+  }
+  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
+                          p.dq_sem_capacity < (int64_t)p.B * p.N * g.mblk * g.sem_words)) {
+    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
+    return cudaErrorInvalidValue;
+  }
+  if (p.K > 65535 || p.B > 65535) {
+    if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
+    return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
+// The main kernel's launch with T's shared memory, then the dQ conversion (fp32 accumulator to
+// the output dtype) behind it on the same stream.
+template <class T, class Kernel, class... Args>
+cudaError_t bwd_launch_and_convert(Kernel kernel, dim3 grid, const BwdParams& p, int sq_pad,
+                                   cudaStream_t stream, const Args&... args) {
+  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
+  const int smem = (int)sizeof(typename T::SharedStorage);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<grid, T::kThreads, smem, stream>>>(args...);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return bwd_convert_dq_sm90(p, sq_pad, T::Bm, stream);
+}
 
 // Host side shared by the backward launchers (launch_bwd_impl here, launch_bwd_d256_impl in
 // bwd_d256_kernel.cuh). The workspaces the main kernel reads, in stream order: block metadata

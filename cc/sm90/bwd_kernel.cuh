@@ -603,22 +603,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 template <class T>
 cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char** err) {
   using Elem = typename T::Elem;
-  constexpr int D = T::D, Bm = T::Bm, Bn = T::Bn;
-  const int nblk = (p.Sk + Bn - 1) / Bn;
-  const int mblk = (p.Sq + Bm - 1) / Bm;
-  const int sq_pad = mblk * Bm;
-  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * nblk ||
-      p.rowstats_capacity < 2 * (int64_t)p.B * p.N * sq_pad ||
-      p.dq_accum_capacity < (int64_t)p.B * p.N * sq_pad * D) {
-    if (err) *err = "flashmask sm90 backward: workspace too small";
-    return cudaErrorInvalidValue;
-  }
-  const int sem_words = (nblk + 31) / 32;
-  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
-                          p.dq_sem_capacity < (int64_t)p.B * p.N * mblk * sem_words)) {
-    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
-    return cudaErrorInvalidValue;
-  }
+  constexpr int D = T::D;
+  BwdGeometry g;
+  if (cudaError_t e = bwd_geometry<T>(p, g, err); e != cudaSuccess) return e;
+  const int nblk = g.nblk, mblk = g.mblk, sq_pad = g.sq_pad, sem_words = g.sem_words;
   const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
   const int64_t items_total = (int64_t)nblk * p.K * p.B;
   if constexpr (T::kPersist) {  // the scheduler area with its key-block order
@@ -631,12 +619,6 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
       return cudaErrorInvalidValue;
     }
   }
-  if (p.K > 65535 || p.B > 65535) {
-    if (err) *err = "flashmask sm90 backward: at most 65535 kv heads and batch entries";
-    return cudaErrorInvalidValue;
-  }
-  static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
-  const size_t smem = sizeof(typename T::SharedStorage);
 
   // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters end the
   // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is
@@ -678,12 +660,6 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     }
   }
 
-  auto kernel = [&]() {
-    using Sched = std::conditional_t<T::kPersist, BwdPersistentScheduler, BwdSingleTileScheduler>;
-    return &flashmask_bwd_kernel<T, Sched, decltype(tma_q), decltype(tma_k)>;
-  }();
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return e;
   dim3 grid(nblk, p.K, p.B);
   if constexpr (T::kDetGroups) {
     if (p.deterministic) {
@@ -727,10 +703,9 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
     grid = dim3((unsigned)std::min<int64_t>(items_total, ctas), 1, 1);
   }
-  kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_do, tma_k, tma_v);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  return bwd_convert_dq_sm90(p, sq_pad, Bm, stream);
+  using Sched = std::conditional_t<T::kPersist, BwdPersistentScheduler, BwdSingleTileScheduler>;
+  return bwd_launch_and_convert<T>(&flashmask_bwd_kernel<T, Sched, decltype(tma_q), decltype(tma_k)>,
+                                   grid, p, sq_pad, stream, a, tma_q, tma_do, tma_k, tma_v);
 }
 
 }  // namespace jfm::sm90
