@@ -250,21 +250,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
     bool koob[2] = {false, false};
-    if (partial) {
-      const int hm = h / a.heads_per_mask;
-      const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        const int j = i == 0 ? key0 : key1;
-        koob[i] = j >= a.Sk;
-        if (!koob[i]) {
-          lts[i] = __ldg(bnd + j);
-          lte[i] = __ldg(bnd + a.Sk + j);
-          uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
-          ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
-        }
-      }
-    }
+    if (partial) bwd_column_bounds(a, b, h, key0, key1, lts, lte, uts, ute, koob);
 
     warpgroup_wait<decltype(wait_s)::value>();
     warpgroup_fence_operand(tSrS);

@@ -415,20 +415,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         int lts[2] = {0, 0}, lte[2] = {0, 0}, uts[2] = {0, 0}, ute[2] = {0, 0};
         bool koob[2] = {false, false};
         if (!T::kMaskRegs && partial) {  // the element test's column bounds
-          const int hm = h / a.heads_per_mask;
-          const int32_t* bnd = a.bounds + ((int64_t)it.b() * a.Hm + hm) * 4 * (int64_t)a.Sk;
-          const int kc0 = it.n() * Bn + 64 * wg + row_base, kc1 = kc0 + 8;
-          CUTE_UNROLL
-          for (int i = 0; i < 2; ++i) {
-            const int j = i == 0 ? kc0 : kc1;
-            koob[i] = j >= a.Sk;
-            if (!koob[i]) {
-              lts[i] = __ldg(bnd + j);
-              lte[i] = __ldg(bnd + a.Sk + j);
-              uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
-              ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
-            }
-          }
+          const int kc0 = it.n() * Bn + 64 * wg + row_base;
+          bwd_column_bounds(a, it.b(), h, kc0, kc0 + 8, lts, lte, uts, ute, koob);
         }
         uint32_t cmask[2] = {0u, 0u};  // kMaskRegs: element bits of the two key columns
         if constexpr (T::kMaskRegs) {

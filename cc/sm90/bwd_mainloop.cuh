@@ -126,6 +126,27 @@ __device__ __forceinline__ void bwd_turn_end(int wg, bool last) {
   else if (!last) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 }
 
+// The element test's bounds of a consumer thread's two key columns key0, key1 (mask head of query
+// head h, batch b): LTS / LTE / UTS / UTE of each, and koob = the column is past Sk (its bounds
+// stay 0). Loaded on partial tiles only, for the kernels without the mask in registers.
+__device__ __forceinline__ void bwd_column_bounds(const BwdArgs& a, int b, int h, int key0, int key1,
+                                                  int (&lts)[2], int (&lte)[2], int (&uts)[2],
+                                                  int (&ute)[2], bool (&koob)[2]) {
+  const int hm = h / a.heads_per_mask;
+  const int32_t* bnd = a.bounds + ((int64_t)b * a.Hm + hm) * 4 * (int64_t)a.Sk;
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int j = i == 0 ? key0 : key1;
+    koob[i] = j >= a.Sk;
+    if (!koob[i]) {
+      lts[i] = __ldg(bnd + j);
+      lte[i] = __ldg(bnd + a.Sk + j);
+      uts[i] = __ldg(bnd + 2 * (int64_t)a.Sk + j);
+      ute[i] = __ldg(bnd + 3 * (int64_t)a.Sk + j);
+    }
+  }
+}
+
 // P^T = exp2(S^T * scale * log2(e) - lse2) in place, zero where masked: kMasked tests the key
 // column's mask bits (cmask, bit 2 kk + j per query), kElemTest the column bounds on a partial tile
 // (lts / lte / uts / ute of the thread's two key columns, koob: column >= Sk); neither: no mask

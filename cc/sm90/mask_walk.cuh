@@ -102,6 +102,19 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
   // the kept blocks are exactly the plain walk's. One ballot site for every kind of step: with two,
   // ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the main
   // loop's GEMM descriptors moved through vector registers).
+  // Key block n against this tile's rows [ms, me): k = not skipped (some row visible), p = partial
+  // (some row masked, or the block runs past Sk). Both false past the last block.
+  __device__ __forceinline__ void classify(int n, bool& k, bool& p) const {
+    if (n < nblk) {
+      const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
+      const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
+      const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
+      const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
+      const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
+      p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
+      k = !skip;
+    }
+  }
   __device__ __forceinline__ void scan(bool group = false, int goff = 0) {
     // the lane id is read here, not kept in a member: a member was one more live register across
     // the consumer's tile loop and ptxas spilled it
@@ -121,15 +134,7 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
           }
         }
       }
-      if (n < nblk) {
-        const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
-        const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
-        const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
-        const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
-        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-        p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
-        k = !skip;
-      }
+      classify(n, k, p);
       keep = __ballot_sync(0xffffffffu, k);
       part = __ballot_sync(0xffffffffu, p);
       const unsigned gb = __ballot_sync(0xffffffffu, kg);
@@ -137,15 +142,7 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
     } else {
       (void)group;
       (void)goff;
-      if (n < nblk) {
-        const int lts_mn = __ldg(mt + 0 * nblk + n), lts_mx = __ldg(mt + 1 * nblk + n);
-        const int lte_mn = __ldg(mt + 2 * nblk + n), lte_mx = __ldg(mt + 3 * nblk + n);
-        const int uts_mn = __ldg(mt + 4 * nblk + n), uts_mx = __ldg(mt + 5 * nblk + n);
-        const int ute_mn = __ldg(mt + 6 * nblk + n), ute_mx = __ldg(mt + 7 * nblk + n);
-        const bool skip = (ms >= lts_mx && me <= lte_mn) || (ms >= uts_mx && me <= ute_mn);
-        p = (ms < lte_mx && me > lts_mn) || (ms < ute_mx && me > uts_mn) || ((n + 1) * Bn > Sk);
-        k = !skip;
-      }
+      classify(n, k, p);
       keep = __ballot_sync(0xffffffffu, k);
       part = __ballot_sync(0xffffffffu, p);
     }
