@@ -151,10 +151,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t mbit0 = 1u << (16 * ((warp % 4) & 1) + lane / 4);
 
     cutlass::PipelineState<T::Stages> rd;
-    // Tile-boundary overlap (KArgs::tile_overlap; off in every shipped launch): at the end of tile `it` the consumer
-    // reads tile it+1's id, scans its key blocks and issues its first QK^T GEMM (into tSrS) before
-    // waiting for tile it's last PV GEMM, then waits for both and runs tile it's epilogue. State
-    // carried into the next iteration: t_nxt, blocks_nxt, and (pend) the computed first block.
+    // Tile-boundary overlap (KArgs::tile_overlap, off in every shipped launch): at the end of
+    // tile `it` the consumer reads tile it+1's id, scans its key blocks and issues its first QK^T
+    // GEMM (into tSrS) before waiting for tile it's last PV GEMM, then waits for both and runs
+    // tile it's epilogue. State carried into the next iteration: t_nxt, blocks_nxt, and (pend)
+    // the computed first block. Kept although off: without this path ptxas serializes the
+    // kernel's wgmma (docs/decisions.md#fwd-rejected).
     const bool tovl = a.tile_overlap != 0;
     int t_nxt = -1;
     KeptBlocks<Bn, T::kGroupScan, T::kPaired> blocks_nxt;
