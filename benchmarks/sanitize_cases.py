@@ -46,38 +46,12 @@ def problem(seed: int, S: int, d: int, heads: int = 4, kv_heads: int = 2):
     return [rng.standard_normal(s).astype(ml_dtypes.bfloat16).astype(np.float32) for s in shapes]
 
 
-def shipped_backward_calls(d: int, soft_cap: bool, margin: int):
-    """(config, deterministic, sm_margin) of every backward call the config table makes at head
-    dim `d`; `margin` stands for a positive sm_margin."""
-    from jax_flashmask.backends.cuda import configs
-
-    calls = []
-    for (dim, det, with_margin, cap), (cfg, _) in configs.BACKWARD_TABLE.items():
-        call = (cfg, det, margin if with_margin and cfg.persistent else 0)
-        if dim == d and cap == soft_cap and call not in calls:
-            calls.append(call)
-    return calls
-
-
 def kernel_bounds(mask, S: int) -> np.ndarray:
     """The int32 [B, Hm, 4, Sk] bounds the kernels take, as the FFI path passes them."""
     from jax_flashmask.masks import canonical_bounds_np
 
     b = canonical_bounds_np(np.asarray(mask.startend_row_indices), causal=mask.causal, q_len=S)
     return np.clip(b, 0, S).astype(np.int32)
-
-
-def workspaces(cfg, B: int, S: int, N: int, K: int, Hm: int, d: int, deterministic: bool) -> dict:
-    """Sizes (elements) of a kernel call's workspaces, as backends/cuda/ops.py allocates them."""
-    from jax_flashmask.backends.cuda.configs import ForwardConfig
-
-    if isinstance(cfg, ForwardConfig):
-        return {"meta": cfg.workspace_words(B, Hm, S)}
-    sq_pad = -(-S // cfg.block_m) * cfg.block_m
-    nblk = -(-S // cfg.block_n)
-    return {"dq_accum": B * N * sq_pad * d, "rowstats": 2 * B * N * sq_pad,
-            "meta": cfg.meta_words(B, Hm, K, S),
-            "dq_sem": B * N * (sq_pad // cfg.block_m) * -(-nblk // 32) if deterministic else 1}
 
 
 def reference(q, k, v, do, mask, cap):
@@ -118,13 +92,13 @@ class Launcher:
         t = self.torch
         B, S, N, d = q.shape
         K, Hm = k.shape[2], bounds.shape[1]
-        ws = workspaces(cfg, B, S, N, K, Hm, d, False)
+        words = cfg.workspace_words(B, Hm, S)
         qd, kd, vd = (self.put(x, t.bfloat16) for x in (q, k, v))
         bd = self.put(bounds, t.int32)
-        o, lse, meta = self.empty(q.size, t.bfloat16), self.empty(B * S * N, t.float32), self.empty(ws["meta"], t.int32)
+        o, lse, meta = self.empty(q.size, t.bfloat16), self.empty(B * S * N, t.float32), self.empty(words, t.int32)
         err = self.ext.launch_forward(dict(
             q=qd.data_ptr(), k=kd.data_ptr(), v=vd.data_ptr(), bounds=bd.data_ptr(), o=o.data_ptr(),
-            lse=lse.data_ptr(), meta=meta.data_ptr(), meta_capacity=ws["meta"], B=B, Sq=S, Sk=S, N=N,
+            lse=lse.data_ptr(), meta=meta.data_ptr(), meta_capacity=words, B=B, Sq=S, Sk=S, N=N,
             K=K, Hm=Hm, d=d, scale=scale, dtype="bfloat16", config=cfg.name, sm_margin=sm_margin,
             softcap=cap or 0.0))
         return err, (o, lse)
@@ -133,7 +107,7 @@ class Launcher:
         t = self.torch
         B, S, N, d = q.shape
         K, Hm = k.shape[2], bounds.shape[1]
-        ws = workspaces(cfg, B, S, N, K, Hm, d, deterministic)
+        ws = {n: int(np.prod(s)) for n, s in cfg.workspace_shapes(B, S, S, N, K, Hm, deterministic).items()}
         qd, kd, vd, dod = (self.put(x, t.bfloat16) for x in (q, k, v, do))
         bd = self.put(bounds, t.int32)
         o, lse = fwd
@@ -209,7 +183,8 @@ def main(argv=None) -> int:
                 if err:
                     report(f"{general.name} {name} (for the backward)", err, [])
                     continue
-                for cfg, det, sm_margin in shipped_backward_calls(d, cap is not None, margin):
+                for cfg, det, with_margin in configs.backward_calls(d, cap is not None):
+                    sm_margin = margin if with_margin else 0
                     if wanted and cfg.name not in wanted:
                         continue
                     err, grads = run.backward(cfg, q, k, v, bounds, fwd, do, scale, cap, det, sm_margin)

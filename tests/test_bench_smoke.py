@@ -279,39 +279,3 @@ def test_render_names_the_commands(tmp_path):
     again = bench.parse_args(md.split("bench_attention.py ")[1].split("\n")[0].split())
     assert again.seqlens == [1024] and list(again.masks) == list(bench.MASK_NAMES)
 
-
-def test_ab_compare_table(tmp_path):
-    spec = importlib.util.spec_from_file_location("ab_compare", ROOT / "benchmarks" / "ab_compare.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
-    row = dict(S=8192, d=128, mask="causal", status="ok", check="pass")
-    files = {"ab_new_x.json": [dict(row, fwd_ms=9.0, fwdbwd_ms=30.0)],
-             "ab_old_x.json": [dict(row, fwd_ms=10.0, fwdbwd_ms=30.0)],
-             "ab_old_x_again.json": [dict(row, fwd_ms=10.5, fwdbwd_ms=31.0)]}
-    for name, rows in files.items():
-        (tmp_path / name).write_text(json.dumps({"results": rows}))
-    md = ab.render(ab.load([tmp_path / n for n in files], ("new", "old")), "new", "old")
-    assert "| causal | 9.000 | 10.000 | 0.900 | 30.000 | 30.000 | 1.000 | pass / pass |" in md
-    assert "| 8192 | 128 | causal | old | 10.000 / 10.500 | 30.00 / 31.00 |" in md
-    with pytest.raises(SystemExit, match="neither label"):
-        ab.load([tmp_path / "ab_new_x.json"], ("a", "b"))
-
-
-def test_sanitize_cases_cover_every_backward_kernel():
-    """The compute-sanitizer driver runs every backward configuration the table ships, with the
-    workspaces the FFI path allocates."""
-    spec = importlib.util.spec_from_file_location("sanitize_cases", ROOT / "benchmarks" / "sanitize_cases.py")
-    sc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sc)
-    from jax_flashmask.backends.cuda import configs
-
-    calls = [c for d in configs.HEAD_DIMS for cap in (False, True) for c in sc.shipped_backward_calls(d, cap, 7)]
-    assert {cfg.name for cfg, _, _ in calls} == {cfg.name for cfg in configs.BACKWARD_CONFIGS}
-    assert all(margin == 0 or (margin == 7 and cfg.persistent) for cfg, _, margin in calls)
-    assert any(cfg.persistent and margin == 7 for cfg, _, margin in calls)
-    ws = sc.workspaces(configs.BWD_D128_DET, 1, 200, 4, 2, 1, 128, True)
-    assert ws == {"dq_accum": 4 * 240 * 128, "rowstats": 2 * 4 * 240, "dq_sem": 4 * 3 * 1,
-                  "meta": configs.BWD_D128_DET.meta_words(1, 1, 2, 200)}
-    S = 200
-    b = sc.kernel_bounds(M.benchmark_suite(S)["causal_document"], S)
-    assert b.dtype == np.int32 and b.shape == (1, 1, 4, S) and b.min() >= 0 and b.max() <= S

@@ -119,6 +119,30 @@ def test_workspace_sizes():
     assert configs.BWD_D128.meta_words(1, 2, 4, 130) == 2 * 8 * 2 + 4 + 2 + 2 * 2 + 4
 
 
+def test_backward_workspace_shapes():
+    """The backward's workspaces as the FFI call allocates them: Sq padded to the config's query
+    tile, ordering bits only in deterministic mode."""
+    ws = configs.BWD_D128_DET.workspace_shapes(1, 200, 300, 4, 2, 1, deterministic=True)
+    assert ws == {"dq_accum": (1, 4, 240, 128), "rowstats": (2, 1, 4, 240),
+                  "meta": (configs.BWD_D128_DET.meta_words(1, 1, 2, 300),), "dq_sem": (1, 4, 3, 1)}
+    assert configs.BWD_D64.workspace_shapes(2, 130, 130, 2, 1, 1, deterministic=False)["dq_sem"] == (1,)
+    assert configs.BWD_D256.workspace_shapes(1, 64, 64 * 33, 1, 1, 1, True)["dq_sem"] == (1, 1, 1, 2)
+
+
+def test_backward_calls_cover_the_table():
+    """Every backward configuration is reached by some call of the table, and a margin is only
+    passed on to the persistent grid (the compute-sanitizer driver runs exactly these calls)."""
+    calls = [c for d in configs.HEAD_DIMS for cap in (False, True) for c in configs.backward_calls(d, cap)]
+    assert {cfg for cfg, _, _ in calls} == set(configs.BACKWARD_CONFIGS)
+    assert all(cfg.persistent for cfg, _, margin in calls if margin)
+    assert configs.backward_calls(128) == [
+        (configs.BWD_D128, False, False), (configs.BWD_D128_DET, True, False),
+        (configs.BWD_D128_PERSISTENT, False, True), (configs.BWD_D128_PERSISTENT, True, True)]
+    assert configs.backward_calls(256, soft_cap=True) == [
+        (configs.BWD_D256_SOFTCAP, False, False), (configs.BWD_D256_SOFTCAP, True, False)]
+    assert len(calls) == len(set(calls))
+
+
 def test_generated_files_are_current():
     """cc/sm90/instantiations/ is what cc/generate_kernels.py writes from the config list."""
     r = subprocess.run([sys.executable, str(ROOT / "cc" / "generate_kernels.py"), "--check"],

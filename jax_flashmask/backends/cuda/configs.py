@@ -17,7 +17,7 @@ import dataclasses
 
 __all__ = ["ForwardConfig", "BackwardConfig", "FORWARD_CONFIGS", "BACKWARD_CONFIGS",
            "FORWARD_TABLE", "BACKWARD_TABLE", "STRUCTURES", "HEAD_DIMS", "DTYPES",
-           "forward_config", "backward_config", "config_by_name"]
+           "forward_config", "backward_config", "backward_calls", "config_by_name"]
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bf16", "fp16")
@@ -104,6 +104,18 @@ class BackwardConfig:
         key-block orders [B, Hm, nblk]; the look-ahead zeroing's counters [K * B]."""
         nblk = -(-Sk // self.block_n)
         return B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B
+
+    def workspace_shapes(self, B: int, Sq: int, Sk: int, N: int, K: int, Hm: int,
+                         deterministic: bool) -> dict:
+        """Shapes of the backward's workspaces, in the FFI call's order: the fp32 dQ accumulator
+        [B, N, sq_pad, d] (Sq padded to block_m), the row statistics [2, B, N, sq_pad], the
+        metadata words, and the deterministic mode's ordering bits [B, N, query tiles,
+        ceil(nblk / 32)] (one word otherwise)."""
+        sq_pad = -(-Sq // self.block_m) * self.block_m
+        nblk = -(-Sk // self.block_n)
+        sem = (B, N, sq_pad // self.block_m, -(-nblk // 32)) if deterministic else (1,)
+        return {"dq_accum": (B, N, sq_pad, self.head_dim), "rowstats": (2, B, N, sq_pad),
+                "meta": (self.meta_words(B, Hm, K, Sk),), "dq_sem": sem}
 
 
 # ------------------------------------------------------------------ what is compiled (one list)
@@ -217,6 +229,17 @@ def backward_config(head_dim: int, deterministic: bool = False, sm_margin: int =
         raise NotImplementedError(f"the CUDA backward supports head dims {HEAD_DIMS}, not "
                                   f"{head_dim}; use implementation='xla'")
     return row[0]
+
+
+def backward_calls(head_dim: int, soft_cap: bool = False) -> list:
+    """(config, deterministic, with sm_margin > 0) of each distinct backward kernel call the table
+    makes at `head_dim` (a margin only counts where the config honours it: the persistent grid)."""
+    calls = []
+    for (d, det, margin, cap), (cfg, _) in BACKWARD_TABLE.items():
+        call = (cfg, det, margin and cfg.persistent)
+        if d == head_dim and cap == soft_cap and call not in calls:
+            calls.append(call)
+    return calls
 
 
 def config_by_name(name: str):

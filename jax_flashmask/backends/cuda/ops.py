@@ -180,19 +180,15 @@ def run_backward(config: BackwardConfig, q, k, v, bounds, out, lse, dout, dlse=N
         raise ValueError(f"lse must be [B, Sq, N] = {(B, Sq, N)}; got {lse.shape}")
     _loaded(config)
     dlse = jnp.zeros((B, Sq, N), jnp.float32) if dlse is None else dlse.astype(jnp.float32)
-    bm = config.block_m
-    sq_pad = -(-Sq // bm) * bm
-    nblk = -(-Sk // config.block_n)
-    # ordering bits of the deterministic mode: [B, N, query tiles, ceil(nblk / 32)] (else unused)
-    sem_shape = (B, N, sq_pad // bm, -(-nblk // 32)) if deterministic else (1,)
+    ws = config.workspace_shapes(B, Sq, Sk, N, K, Hm, deterministic)
     out_types = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k.shape, k.dtype),
         jax.ShapeDtypeStruct(v.shape, v.dtype),
-        jax.ShapeDtypeStruct((B, N, sq_pad, d), jnp.float32),  # dQ accumulator workspace
-        jax.ShapeDtypeStruct((2, B, N, sq_pad), jnp.float32),  # row statistics workspace
-        jax.ShapeDtypeStruct((config.meta_words(B, Hm, K, Sk),), jnp.int32),  # metadata
-        jax.ShapeDtypeStruct(sem_shape, jnp.int32),            # dQ ordering bits (deterministic)
+        jax.ShapeDtypeStruct(ws["dq_accum"], jnp.float32),
+        jax.ShapeDtypeStruct(ws["rowstats"], jnp.float32),
+        jax.ShapeDtypeStruct(ws["meta"], jnp.int32),
+        jax.ShapeDtypeStruct(ws["dq_sem"], jnp.int32),
     )
     call = jax.ffi.ffi_call(BWD_TARGET, out_types, vmap_method="broadcast_all")
     dq, dk, dv, *_ = call(q, k, v, _kernel_bounds(bounds, Sq), out.astype(q.dtype),
