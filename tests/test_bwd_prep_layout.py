@@ -243,8 +243,8 @@ def test_sources_match_the_model():
     assert "e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, stream);" in KERNEL
     # the two callers of bwd_prepare_workspaces: d = 256 zeroes the whole accumulator; the pp
     # launcher all (K * B pairs) or, zeroing ahead, unit 0's pairs (test_zero_ahead_prefix)
-    assert re.search(r"bwd_prepare_workspaces<T>\(p, mblk, sq_pad, sem_words,\s+"
-                     r"\(size_t\)p\.B \* p\.N \* sq_pad \* T::D, stream\)", D256)
+    assert re.search(r"bwd_prepare_workspaces<T>\(p, g\.mblk, g\.sq_pad, g\.sem_words,\s+"
+                     r"\(size_t\)p\.B \* p\.N \* g\.sq_pad \* T::D, stream\)", D256)
     assert "const int pairs = p.K * p.B;" in KERNEL
     assert "const size_t pair_floats = (size_t)(p.N / p.K) * sq_pad * D;" in KERNEL
     assert re.search(r"p, mblk, sq_pad, sem_words, pair_floats \* \(zero_ahead \? "
