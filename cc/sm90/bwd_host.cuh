@@ -1,7 +1,8 @@
-// Host side shared by the backward launchers (launch_bwd_impl, launch_bwd_d256_impl): the problem's
-// geometry and its checks, workspace preparation (block metadata, row statistics, zeroed dQ accumulator, ordering bits), TMA
-// descriptors, the common kernel arguments, the metadata workspace layout and the deterministic
-// order's pre-pass, the launch with the dQ conversion behind it.
+// Host side shared by the backward launchers (launch_bwd_impl, launch_bwd_d256_impl): the
+// problem's geometry and its checks, workspace preparation (block metadata, row statistics,
+// zeroed dQ accumulator, ordering bits), TMA descriptors, the common kernel arguments, the
+// metadata workspace layout, the deterministic order's pre-pass, and the launch with the dQ
+// conversion behind it.
 // Contract: everything on the caller's stream, no host synchronization; capacity checks return
 //   cudaErrorInvalidValue with a message.
 // Synchronization: stream order only. Knobs: none.
@@ -63,8 +64,7 @@ cudaError_t bwd_launch_and_convert(Kernel kernel, dim3 grid, const BwdParams& p,
   return bwd_convert_dq_sm90(p, sq_pad, T::Bm, stream);
 }
 
-// Host side shared by the backward launchers (launch_bwd_impl here, launch_bwd_d256_impl in
-// bwd_d256_kernel.cuh). The workspaces the main kernel reads, in stream order: block metadata
+// The workspaces the main kernel reads, in stream order: block metadata
 // (at T::Bn keys), row statistics, the zeroed fp32 dQ accumulator (its first dq_zero_floats; all
 // of it unless the main kernel zeroes ahead) and (deterministic) ordering bits.
 template <class T>
