@@ -931,6 +931,11 @@ _COMMAND_FLAGS = ("impls", "masks", "seqlens", "head_dims", "extra_head_dims", "
                   "check_rows", "no_check", "seed", "time_limit_s")
 
 
+def _meta_runs(meta: dict) -> list[dict]:
+    """The runs a results document holds: its merged runs, or itself ({"args": ...})."""
+    return meta.get("runs") or [{"args": meta.get("args", {})}]
+
+
 def command_line(args: dict) -> str:
     """The bench_attention.py command of a run, from the arguments its JSON recorded."""
     parts = ["python3 benchmarks/bench_attention.py"]
@@ -969,7 +974,7 @@ def render_markdown(doc: dict, anchors: dict | None = None) -> str:
            "exact visible-area FLOPs, so compare them with the 'fwd TF exact' column)." if anchors else ""),
         "",
     ]
-    runs = meta.get("runs") or [{"args": meta.get("args", {})}]
+    runs = _meta_runs(meta)
     lines += ["Command" + ("s" if len(runs) > 1 else "") + " (`meta` in the JSON has the environment):", "", "```"]
     lines += [command_line(run["args"]) for run in runs if run.get("args")] + ["```", ""]
     rows = doc["results"]
@@ -1071,7 +1076,7 @@ def merge_results(docs: list[dict], names: list[str]) -> dict:
             rows[(r["S"], r["d"], r["mask"], r["impl"])] = r
     meta = dict(docs[0]["meta"])
     meta["merged_from"] = [str(n) for n in names]
-    meta["runs"] = [run for d in docs for run in (d["meta"].get("runs") or [{"args": d["meta"].get("args", {})}])]
+    meta["runs"] = [run for d in docs for run in _meta_runs(d["meta"])]
     return {"meta": meta, "results": list(rows.values())}
 
 

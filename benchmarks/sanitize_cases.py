@@ -47,11 +47,12 @@ def problem(seed: int, S: int, d: int, heads: int = 4, kv_heads: int = 2):
 
 
 def kernel_bounds(mask, S: int) -> np.ndarray:
-    """The int32 [B, Hm, 4, Sk] bounds the kernels take, as the FFI path passes them."""
-    from jax_flashmask.masks import canonical_bounds_np
+    """The int32 [B, Hm, 4, Sk] bounds the kernels take, made as the FFI path makes them."""
+    from jax_flashmask.backends.cuda.ops import _kernel_bounds
+    from jax_flashmask.masks import canonical_bounds
 
-    b = canonical_bounds_np(np.asarray(mask.startend_row_indices), causal=mask.causal, q_len=S)
-    return np.clip(b, 0, S).astype(np.int32)
+    b = canonical_bounds(mask.startend_row_indices, causal=mask.causal, q_len=S)
+    return np.asarray(_kernel_bounds(b, S))
 
 
 def reference(q, k, v, do, mask, cap):
