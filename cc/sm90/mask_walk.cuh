@@ -92,16 +92,6 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
     }
     advance(goff_);
   }
-  // kGroups: with `group` the step also classifies the groups base / 32 .. base / 32 + 31, one per
-  // lane (a group's metadata is int4 {LTSmax, LTEmin, UTSmax, UTEmin} at mt + goff; goff == 0:
-  // every group that exists counts), and leaves the candidate groups after the first in gmask.
-  // The block scan of the first group (base) runs in the same step: its loads are issued with the
-  // group loads, so a tile whose walk starts in that group pays one round trip, as the plain walk,
-  // not two (ballot, then scan). A group that the group test skips holds only skipped blocks
-  // (its max / min bound every block's), so scanning it anyway keeps nothing; no mask needed, and
-  // the kept blocks are exactly the plain walk's. One ballot site for every kind of step: with two,
-  // ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the main
-  // loop's GEMM descriptors moved through vector registers).
   // Key block n against this tile's rows [ms, me): k = not skipped (some row visible), p = partial
   // (some row masked, or the block runs past Sk). Both false past the last block.
   __device__ __forceinline__ void classify(int n, bool& k, bool& p) const {
@@ -115,6 +105,16 @@ struct KeptBlocks : KeptGroups<kGroups>, KeptDir<kRev> {
       k = !skip;
     }
   }
+  // kGroups: with `group` the step also classifies the groups base / 32 .. base / 32 + 31, one per
+  // lane (a group's metadata is int4 {LTSmax, LTEmin, UTSmax, UTEmin} at mt + goff; goff == 0:
+  // every group that exists counts), and leaves the candidate groups after the first in gmask.
+  // The block scan of the first group (base) runs in the same step: its loads are issued with the
+  // group loads, so a tile whose walk starts in that group pays one round trip, as the plain walk,
+  // not two (ballot, then scan). A group that the group test skips holds only skipped blocks
+  // (its max / min bound every block's), so scanning it anyway keeps nothing; no mask needed, and
+  // the kept blocks are exactly the plain walk's. One ballot site for every kind of step: with two,
+  // ptxas no longer proved the walk warp-uniform (VOTE instead of VOTEU, BRA.DIV, and the main
+  // loop's GEMM descriptors moved through vector registers).
   __device__ __forceinline__ void scan(bool group = false, int goff = 0) {
     // the lane id is read here, not kept in a member: a member was one more live register across
     // the consumer's tile loop and ptxas spilled it
