@@ -98,7 +98,6 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi:
   p.d = (int)d;
   p.scale = scale;
   p.dtype = dt;
-  p.dq_mode = 1;  // dQ tiles reduced in bulk (the deterministic order needs it)
   if (deterministic != 0 && deterministic != 1)
     return ffi::Error::InvalidArgument("flashmask_bwd: deterministic must be 0 or 1");
   p.deterministic = deterministic;

@@ -84,7 +84,6 @@ std::string launch_backward(const nb::dict& d) {
   p.rowstats = pointer<float>(d, "rowstats");
   p.rowstats_capacity = field<int64_t>(d, "rowstats_capacity");
   p.meta = pointer<int32_t>(d, "meta");
-  p.dq_mode = 1;  // as the FFI handler
   p.deterministic = field<int>(d, "deterministic");
   p.dq_sem = pointer<uint32_t>(d, "dq_sem");
   p.dq_sem_capacity = field<int64_t>(d, "dq_sem_capacity");

@@ -2,7 +2,7 @@
 // kernels of bwd_kernel.cuh (column parallel: one CTA per (key block, kv head, batch); the CTA
 // walks the query heads of its GQA group and their non-skipped 64-row query tiles; element mask
 // on partial tiles only; dK / dV reduced over the group in registers; dQ in fp32 through the
-// dq_accum workspace (bulk reduce-add or float2 atomics), converted by bwd_convert_dq_sm90;
+// dq_accum workspace (bulk reduce-add), converted by bwd_convert_dq_sm90;
 // deterministic mode orders the dQ adds of each query tile by descending key block through the
 // same ordering bits), but with a different split of the work, because the d = 128 design does
 // not fit: 64 keys x 256 columns of dK plus dV are 256 fp32 registers per thread of a warpgroup.
@@ -33,8 +33,7 @@
 //    tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both into the workspace
 //    and then hands the stage back to the producer. So a stage comes back only after the dQ
 //    staged over it has been read, and the next tile's Q / dO load must fit between that and the
-//    S / dP issue of that tile: about one tile's dQ / dV / dK GEMMs. dq_mode 0: float2
-//    atomics from registers, the stage is released straight after the GEMMs.
+//    S / dP issue of that tile: about one tile's dQ / dV / dK GEMMs.
 // The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
 // warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
 // Contract: as bwd_kernel.cuh (dq / dk / dv of BwdParams, deterministic dQ by the ordered writer
@@ -87,7 +86,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
-      Barrier::init(&ss.empty[s], a.dq_bulk ? 1 : kConsumers);
+      Barrier::init(&ss.empty[s], 1);  // the dQ writer hands the stage back
       Barrier::init(&ss.consumed[s], kConsumers);
       Barrier::init(&ss.dq_full[s], kConsumers);
       Barrier::init(&ss.pds_full[s], kConsumers);
@@ -139,7 +138,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     } else if (warp == 1) {
-      if (a.dq_bulk) {  // dQ writer: both halves of the tile's dQ, then the stage goes back
+      {  // dQ writer: both halves of the tile's dQ, then the stage goes back
         int stage = 0, phase = 0;
         while (have) {
           const int h = hk * a.heads_per_kv + g;
@@ -301,48 +300,34 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pp_arrive(&ss.pds_full[st]);
   };
 
-  // After this warpgroup's GEMMs of the tile in stage st completed: bulk mode -> `consumed` (the
-  // stage's Q / dO may be overwritten by dQ once both warpgroups arrived); dq_mode 0 -> the stage
-  // goes straight back to the producer.
-  auto release_stage = [&](int st) {
-    if (a.dq_bulk) pp_arrive(&ss.consumed[st]);
-    else pp_arrive(&ss.empty[st]);
-  };
-  // dQ of the tile in stage st: bulk mode -> over the stage's Q (warpgroup 0) or dO (warpgroup 1)
-  // tile once both warpgroups are done with the stage, for the writer warp; dq_mode 0 -> float2
-  // atomics at workspace tile index `lin`. In two halves (fragment elements [0, 32) and [32, 64)),
-  // so that the S / dP GEMMs of the next tile can be issued in between: the registers of the
-  // first half are free by then.
-  auto write_dq_half = [&](auto half, int st, int par, int lin) {
+  // After this warpgroup's GEMMs of the tile in stage st completed: `consumed` (the stage's Q / dO
+  // may be overwritten by dQ once both warpgroups arrived).
+  auto release_stage = [&](int st) { pp_arrive(&ss.consumed[st]); };
+  // dQ of the tile in stage st over the stage's Q (warpgroup 0) or dO (warpgroup 1) tile once both
+  // warpgroups are done with the stage, for the writer warp. In two halves (fragment elements
+  // [0, 32) and [32, 64)), so that the S / dP GEMMs of the next tile can be issued in between: the
+  // registers of the first half are free by then.
+  auto write_dq_half = [&](auto half, int st, int par) {
     constexpr int e0 = decltype(half)::value * 32;
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
     const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    if (a.dq_bulk) {
-      if constexpr (e0 == 0) pp_wait(&ss.consumed[st], par);
-      float* dst = reinterpret_cast<float*>((ctid_b < 128 ? ss.q.begin() : ss.dO.begin()) +
-                                            st * T::kStageElems);
-      CUTE_UNROLL
-      for (int e = e0; e < e0 + 32; e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        *reinterpret_cast<float2*>(dst + o) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-      }
-      if constexpr (e0 == 32) {
-        pp_fence_async_smem();
-        pp_arrive(&ss.dq_full[st]);
-      }
-    } else {
-      float* dqa = a.dq_accum + (int64_t)lin * (Bm * D) + (ctid_b / 128) * T::kDqHalfFloats;
-      CUTE_UNROLL
-      for (int e = e0; e < e0 + 32; e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
-      }
+    if constexpr (e0 == 0) pp_wait(&ss.consumed[st], par);
+    float* dst = reinterpret_cast<float*>((ctid_b < 128 ? ss.q.begin() : ss.dO.begin()) +
+                                          st * T::kStageElems);
+    CUTE_UNROLL
+    for (int e = e0; e < e0 + 32; e += 2) {
+      const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+      *reinterpret_cast<float2*>(dst + o) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+    }
+    if constexpr (e0 == 32) {
+      pp_fence_async_smem();
+      pp_arrive(&ss.dq_full[st]);
     }
   };
-  auto write_dq = [&](int st, int par, int lin) {
-    write_dq_half(Int<0>{}, st, par, lin);
-    write_dq_half(Int<1>{}, st, par, lin);
+  auto write_dq = [&](int st, int par) {
+    write_dq_half(Int<0>{}, st, par);
+    write_dq_half(Int<1>{}, st, par);
   };
   auto gemms_done = [&]() {
     warpgroup_fence_operand(tdVrdV);
@@ -357,7 +342,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pp_wait(&ss.full[0], 0);
     sdp_gemms(0);
     math(Int<1>{}, Int<0>{}, 0, 0);
-    int lin = (b * a.N + hk * a.heads_per_kv + g) * a.mblk + m;  // dq_mode 0: tile t's index
     ++m;
     bool next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
     while (true) {
@@ -375,15 +359,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       pp_arrive(&ss.pds_empty[st]);
       release_stage(st);
       if (!next) {
-        write_dq(st, par, lin);
+        write_dq(st, par);
         break;
       }
-      write_dq_half(Int<0>{}, st, par, lin);
+      write_dq_half(Int<0>{}, st, par);
       pp_wait(&ss.full[st1], par1);
       sdp_gemms(st1);
-      write_dq_half(Int<1>{}, st, par, lin);
+      write_dq_half(Int<1>{}, st, par);
       math(Int<1>{}, Int<0>{}, st1, par1);
-      lin = (b * a.N + hk * a.heads_per_kv + g) * a.mblk + m;
       ++t;
       ++m;
       next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
@@ -412,10 +395,6 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   BwdGeometry g;
   cudaError_t e = bwd_geometry<T>(p, g, err);
   if (e != cudaSuccess) return e;
-  if ((int64_t)p.B * p.N * g.mblk > INT32_MAX) {  // dq_mode 0 keeps the tile index in an int
-    if (err) *err = "flashmask sm90 backward: too many query tiles";
-    return cudaErrorInvalidValue;
-  }
   e = bwd_prepare_workspaces<T>(p, g.mblk, g.sq_pad, g.sem_words,
                                 (size_t)p.B * p.N * g.sq_pad * T::D, stream);
   if (e != cudaSuccess) return e;

@@ -37,9 +37,9 @@ cudaError_t bwd_geometry(const BwdParams& p, BwdGeometry& g, const char** err) {
     if (err) *err = "flashmask sm90 backward: workspace too small";
     return cudaErrorInvalidValue;
   }
-  if (p.deterministic && (p.dq_mode != 1 || p.dq_sem == nullptr ||
+  if (p.deterministic && (p.dq_sem == nullptr ||
                           p.dq_sem_capacity < (int64_t)p.B * p.N * g.mblk * g.sem_words)) {
-    if (err) *err = "flashmask sm90 backward: deterministic mode needs dq_mode 1 and the dq_sem workspace";
+    if (err) *err = "flashmask sm90 backward: deterministic mode needs the dq_sem workspace";
     return cudaErrorInvalidValue;
   }
   if (p.K > 65535 || p.B > 65535) {
@@ -126,7 +126,6 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   a.scale_log2 = (cap ? p.softcap : p.scale) * 1.4426950408889634f;
   a.softcap_prescale = cap ? p.scale / p.softcap : 0.f;
   a.softcap_inv_sl2 = cap ? 1.f / a.scale_log2 : 0.f;
-  a.dq_bulk = p.dq_mode == 1 ? 1 : 0;
   a.deterministic = p.deterministic ? 1 : 0;
   a.dq_sem = p.dq_sem;
   a.sem_words = sem_words;

@@ -239,14 +239,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     } else if (warp == 1) {
       // dQ writer; with Sched::kWriterTakesItems also the item's skip marks (deterministic mode)
-      if (Sched::kWriterTakesItems || a.dq_bulk) {
+      {
         int buf = 0, phase = 0;
         for (int it = 0;; ++it) {
           BwdItem w;
           if (!sched.writer_item(a, ss, it, lane, w)) break;
           if (Sched::kWriterTakesItems && a.deterministic)
             bwd_mark_skipped<Bm>(a, w.b, w.hk, w.n, w.slot, lane);
-          if (!a.dq_bulk) continue;
           sched.template start_walk<Bm, Bn>(a, w, g, m, partial, have);
           // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
           // long before the first dQ tile: the CTAs it waits for were launched before this one)
@@ -326,8 +325,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // GEMM turns and the dQ hand-off as lambdas, so that they inline where the kernel's own code does
   auto turn_begin = [&]() { bwd_turn_begin(wg); };
   auto turn_end = [&](bool last) { bwd_turn_end(wg, last); };
-  auto put_dq = [&](int buf, int par, int64_t off) {
-    bwd_put_dq<T>(a, ss, tdQrdQ, ctid, dq_store, buf, par, off);
+  auto put_dq = [&](int buf, int par) {
+    bwd_put_dq<T>(a, ss, tdQrdQ, ctid, dq_store, buf, par);
   };
   auto sdp_gemms = [&](int st) {
     wgmma_gemm<true, -1, false>(mma_sdp, tSrK, tSrQ(_, _, _, st), tSrS);
@@ -369,7 +368,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // and dQ buffer (tg + t) % 2, with parity ((tg + t) / 2) % 2. No wgmma group is in flight
       // across the loop's back edge (ptxas would serialize them).
       int t = 0;
-      int lin1 = 0, lin2 = 0;  // dq_mode 0: workspace tile index ((b*N + h)*mblk + m) of tiles t-1, t-2
       while (true) {
         const int tg = kPersist ? (int)(cs >> 2) & 3 : 0;
         const int st = (tg + t) & 1, par = ((tg + t) >> 1) & 1;
@@ -381,9 +379,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             // both warpgroups stored their dS of tile t-2 before their previous section
             pp_wait(&ss.x.ds_full[st], par ^ 1);
             wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
-            const int64_t off = (int64_t)lin2 * (Bm * D);
             pp_arrive(&ss.x.ds_empty[st]);
-            put_dq(st, par ^ 1, off);
+            put_dq(st, par ^ 1);
           }
         }
         pp_wait(&ss.full[st], par);
@@ -470,8 +467,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if constexpr (!T::kLockstep) {
           bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS, col_b,
                                  64 * wg_b + row_b, st, par);
-          lin2 = lin1;
-          lin1 = (it.b() * a.N + h) * a.mblk + m;
 
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, it.b(), it.hk(), it.n(), g, m, partial);
@@ -507,8 +502,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           warpgroup_wait<1>();  // dQ retired (dK in flight)
           warpgroup_fence_operand(tdQrdQ);
           // one dQ buffer (80-row tiles): tile t is its use t (parity t % 2)
-          put_dq(T::kDqBufs == 2 ? st : 0, T::kDqBufs == 2 ? par : (t & 1),
-                 ((int64_t)(it.b() * a.N + h) * a.mblk + m) * (Bm * D));
+          put_dq(T::kDqBufs == 2 ? st : 0, T::kDqBufs == 2 ? par : (t & 1));
           warpgroup_wait<0>();
           warpgroup_fence_operand(tdKrdK);
           warpgroup_fence_operand(tPrdS);
@@ -530,7 +524,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             wgmma_gemm<true, 0, false>(mma_dq, tdQrdS(_, _, _, st), tdQrK, tdQrdQ);
             // persistent: the buffer is rewritten by the next item (a single tile ends here)
             if constexpr (kPersist) pp_arrive(&ss.x.ds_empty[st]);
-            put_dq(st, par, (int64_t)(u == 1 ? lin2 : lin1) * (Bm * D));
+            put_dq(st, par);
           }
         }
         turn_end(true);
@@ -612,7 +606,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is
   // zeroed here: one pair, or in deterministic launch groups the largest G the launch can take.
   const int pairs = p.K * p.B;
-  const bool zero_ahead = !T::kPersist && p.dq_mode == 1 && p.meta_capacity >= ml.end;
+  const bool zero_ahead = !T::kPersist && p.meta_capacity >= ml.end;
   int unit0_pairs = 1;
   if constexpr (T::kDetGroups) {
     if (p.deterministic) unit0_pairs = std::min(pairs, kDetGroupPairs);

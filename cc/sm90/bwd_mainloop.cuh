@@ -239,34 +239,25 @@ __device__ __forceinline__ void bwd_dkv_pingpong(Storage& ss, MmaKV& mma_dkv, Fr
 }
 
 // dQ tile of the dS in buffer `buf` (parity `par` of that buffer's use) -> the writer warp's smem
-// buffer `buf` (bulk mode: after dq_empty, then dq_full) or float2 atomics at workspace offset
-// `off` (dq_mode 0). dq_store: this thread holds part of the tile (kDqWG).
+// buffer `buf` (after dq_empty, then dq_full). dq_store: this thread holds part of the tile
+// (kDqWG).
 template <class T, class Storage, class FragQ>
 __device__ __forceinline__ void bwd_put_dq(BwdArgs const& a, Storage& ss, FragQ const& tdQrdQ,
-                                           int ctid, bool dq_store, int buf, int par, int64_t off) {
+                                           int ctid, bool dq_store, int buf, int par) {
   int ctid_b;
   asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
   const int fb = (T::kDqWG == T::NWG ? ctid_b / 128 : 0) * 64 * T::kDqCols +
                  ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-  if (a.dq_bulk) {
-    pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
-    if (dq_store) {
-      CUTE_UNROLL
-      for (int e = 0; e < size(tdQrdQ); e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
-      }
-    }
-    pp_fence_async_smem();
-    pp_arrive(&ss.dq_full[buf]);
-  } else if (dq_store) {
-    float* dqa = a.dq_accum + off;
+  pp_wait(&ss.dq_empty[buf], par ^ 1);  // the reduce from this buffer has read it
+  if (dq_store) {
     CUTE_UNROLL
     for (int e = 0; e < size(tdQrdQ); e += 2) {
       const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-      atomicAdd(reinterpret_cast<float2*>(dqa + o), make_float2(tdQrdQ(e), tdQrdQ(e + 1)));
+      *reinterpret_cast<float2*>(&ss.dq[buf][o]) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
     }
   }
+  pp_fence_async_smem();
+  pp_arrive(&ss.dq_full[buf]);
 }
 
 }  // namespace jfm::sm90

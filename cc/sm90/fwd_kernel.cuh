@@ -356,12 +356,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   }
   const size_t smem = sizeof(typename T::SharedStorage);
   static_assert(sizeof(typename T::SharedStorage) <= 227 * 1024, "shared memory budget");
-  // Every shipped configuration runs on the persistent grid (so sm_margin is always honoured);
-  // the kernel also supports one CTA per tile (tile_counter = null).
-  constexpr bool persistent = true;
+  // The persistent grid (so sm_margin is always honoured).
   const int64_t meta_elems = (int64_t)p.B * p.Hm * 8 * nblk;
   // the dynamic tile counter lives in the workspace right after the metadata
-  if (p.meta_capacity < meta_elems + (persistent ? 1 : 0)) {
+  if (p.meta_capacity < meta_elems + 1) {
     if (err) *err = "flashmask sm90 forward: metadata workspace too small";
     return cudaErrorInvalidValue;
   }
@@ -418,31 +416,26 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   // Mask-bits kernels never stage bounds (their mask builders read global memory).
   a.smem_bounds = !MaskBits && p.Sk % 4 == 0 &&
                   (reinterpret_cast<uintptr_t>(p.bounds) % 16) == 0;
-  a.tile_counter = nullptr;
+  a.tile_counter = p.meta + meta_elems;
   a.tile_overlap = 0;  // the kernel's tile-boundary overlap stays off in every configuration
   a.group_meta = group_meta;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (e != cudaSuccess) return e;
-  // Non-persistent: one CTA per query tile. Persistent: one CTA per SM; CTA i starts with tile i
-  // and then takes tiles gridDim.x, gridDim.x + 1, ... of the same (batch, head)-major order from
-  // a global counter, so early finishers take the next tile; the next tile's Q (second Q buffer)
-  // and first K/V load while the current tile runs.
-  int grid = (int)total_tiles;
-  if (persistent) {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess)
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (sms <= 0) sms = 132;
-    // sm_margin: leave SMs free for concurrent kernels (NCCL under context parallelism)
-    const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
-    // paired tiles: one claim = two tiles
-    grid = (int)std::min<int64_t>(Paired ? (total_tiles + 1) / 2 : total_tiles, ctas);
-    a.tile_counter = p.meta + meta_elems;
-    e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
-    if (e != cudaSuccess) return e;
-  }
+  // One CTA per SM; CTA i starts with tile i and then takes tiles gridDim.x, gridDim.x + 1, ... of
+  // the same (batch, head)-major order from a global counter, so early finishers take the next
+  // tile; the next tile's Q (second Q buffer) and first K/V load while the current tile runs.
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (sms <= 0) sms = 132;
+  // sm_margin: leave SMs free for concurrent kernels (NCCL under context parallelism)
+  const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
+  // paired tiles: one claim = two tiles
+  const int grid = (int)std::min<int64_t>(Paired ? (total_tiles + 1) / 2 : total_tiles, ctas);
+  e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
+  if (e != cudaSuccess) return e;
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_k, tma_v);
   return cudaGetLastError();
 }

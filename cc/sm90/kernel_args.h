@@ -20,7 +20,7 @@ struct KArgs {
   int nblk;
   int heads_per_kv, heads_per_mask;
   float scale_log2;
-  int* tile_counter;  // persistent grid: dynamic tile counter (zeroed by the launcher), else null
+  int* tile_counter;  // the persistent grid's dynamic tile counter (zeroed by the launcher)
   int smem_bounds;    // 1: partial blocks' bounds are staged in smem by the producer (Sk % 4 == 0)
   int tile_overlap;   // 1: the next tile's block scan and first QK^T are issued while the
                       // current tile's last PV GEMM runs (Overlap kernels; every launcher sets 0)
@@ -44,7 +44,6 @@ struct BwdArgs {
   int nblk, mblk, sq_pad;
   int heads_per_kv, heads_per_mask;
   float scale, scale_log2;
-  int dq_bulk;  // 1: dQ tile -> smem -> one cp.reduce.async.bulk add; 0: float2 atomics
   // Deterministic mode: dq_sem [B, N, mblk, sem_words] holds one bit per (query tile, key block),
   // set once that key block's dQ contribution to the tile is complete in dq_accum (or at CTA start
   // when the key block skips the tile). A CTA adds its tile only after every key block above it

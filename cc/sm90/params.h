@@ -71,11 +71,10 @@ struct BwdParams {
   int B, Sq, Sk, N, K, Hm, d;
   float scale;
   DType dtype;
-  int dq_mode;          // 1: dQ tiles reduced by cp.reduce.async.bulk; 0: float2 atomics
+  // dQ tiles are added to dq_accum by cp.reduce.async.bulk from shared memory.
   // Deterministic mode (bitwise-reproducible dQ): the key-block CTAs of one query tile add their
   // dQ in a fixed key-block order, ordered through one bit per (query tile, key block) in
-  // dq_sem [B, N, Sq_pad / block_m, ceil(nblk / 32)] uint32 (zeroed by the launcher). Needs
-  // dq_mode 1.
+  // dq_sem [B, N, Sq_pad / block_m, ceil(nblk / 32)] uint32 (zeroed by the launcher).
   int deterministic;
   uint32_t* dq_sem;
   int64_t dq_sem_capacity;  // number of uint32 available in dq_sem

@@ -31,9 +31,8 @@ using namespace cute;
 // a head j = 0, 1, 2, 3, ... -> query tiles mblk-1, 0, mblk-2, 1, ..., handed out in pairs (2i,
 // 2i + 1), the second of each pair walked from its last key block down (FwdTraitsPaired).
 // The first tile (pair) of a CTA is blockIdx.x; the next ones come from the global counter
-// KArgs::tile_counter (dynamic: a CTA that finishes early takes the next tile of the same order);
-// without a counter the CTA has one tile (a launch of one CTA per tile; no shipped launcher uses
-// it). The producer warp claims the next tile while the current one loads and publishes each tile
+// KArgs::tile_counter (dynamic: a CTA that finishes early takes the next tile of the same order).
+// The producer warp claims the next tile while the current one loads and publishes each tile
 // id in the slot of its Q buffer (`sched`), so the consumers can classify the tile's key blocks
 // before its Q lands.
 struct FwdTile {
@@ -69,19 +68,18 @@ struct FwdTileScheduler {
     return kPaired ? 2 * (int)blockIdx.x : (int)blockIdx.x;
   }
   // Producer warp, after tile t: lane 0 claims the next tile from the counter (tiles, or pairs)
-  // into t_next; the other lanes, and lane 0 without a counter, leave it (total_tiles: none).
-  // The caller broadcasts lane 0's.
+  // into t_next; the other lanes leave it. The caller broadcasts lane 0's.
   __device__ __forceinline__ void claim_next(int& t_next, int t, int lane, int* counter) const {
     if constexpr (kPaired) {
       if (lane == 0) {
         if ((t & 1) == 0) {
           t_next = t + 1;  // the pair's second tile
-        } else if (counter != nullptr) {
+        } else {
           t_next = 2 * ((int)gridDim.x + atomicAdd(counter, 1));
         }
       }
     } else {
-      if (lane == 0 && counter != nullptr) t_next = gridDim.x + atomicAdd(counter, 1);
+      if (lane == 0) t_next = gridDim.x + atomicAdd(counter, 1);
     }
   }
   // Producer lane 0: the it-th tile id t (done: -1, no more tiles) into its Q slot, once the
