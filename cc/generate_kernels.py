@@ -89,15 +89,27 @@ def bwd_unit(cs, dt: str) -> str:
             "}  // namespace jfm::sm90\n")
 
 
+def unit_of(c, configs):
+    """The listed configuration without the cap whose unit `c` joins: itself, its twin without the
+    cap, or (a forward cap config on other consumer warpgroups than any plain one) the plain config
+    that differs from it only there."""
+    base = dataclasses.replace(c, soft_cap=False)
+    if base in configs:
+        return base
+    for x in configs:
+        if (not x.soft_cap and hasattr(x, "consumer_warpgroups")
+                and dataclasses.replace(x, consumer_warpgroups=base.consumer_warpgroups) == base):
+            return x
+    raise SystemExit(f"{c.name}: a soft-cap config needs a listed config without the cap that "
+                     "differs from it at most in its consumer warpgroups")
+
+
 def units(configs):
-    """{unit config: [the config, its soft-cap twin if listed]}: a twin shares its unit (the
-    number of units stays that of the configurations without the cap)."""
+    """{unit config: [the configs compiled in its unit]}: a soft-cap config shares the unit of its
+    twin without the cap (unit_of), so the number of units stays that of the plain configurations."""
     out = {}
     for c in configs:
-        base = dataclasses.replace(c, soft_cap=False)
-        if base not in configs:
-            raise SystemExit(f"{c.name}: a soft-cap config needs its twin without the cap listed")
-        out.setdefault(base, []).append(c)
+        out.setdefault(unit_of(c, configs), []).append(c)
     return out
 
 

@@ -5,7 +5,7 @@ namespace jfm::sm90 {
 cudaError_t run_fwd_d64_bn128_wg3_walk_bits_fp16(const FwdParams& p, cudaStream_t s, const char** err) {
   return launch_fwd<cutlass::half_t, 64, 128, 3, 2, true, true, true, false>(p, s, err);
 }
-cudaError_t run_fwd_d64_bn128_wg3_walk_bits_softcap_fp16(const FwdParams& p, cudaStream_t s, const char** err) {
-  return launch_fwd<cutlass::half_t, 64, 128, 3, 2, true, true, true, false, true>(p, s, err);
+cudaError_t run_fwd_d64_bn128_wg2_walk_bits_softcap_fp16(const FwdParams& p, cudaStream_t s, const char** err) {
+  return launch_fwd<cutlass::half_t, 64, 128, 2, 2, true, true, true, false, true>(p, s, err);
 }
 }  // namespace jfm::sm90

@@ -134,7 +134,9 @@ BWD_D128_PERSISTENT = BackwardConfig(128, 64, 128, persistent=True)
 
 # The logits soft cap on the general kernel of each head dim (compiled into the instantiation
 # unit of the same config without it: cc/generate_kernels.py).
-FWD_D64_SOFTCAP = dataclasses.replace(FWD_D64, soft_cap=True)
+# d = 64: two consumer warpgroups (232 registers each) with the cap: the three-warpgroup tile's
+# 160 registers spill with the tanh (docs/decisions.md#softcap-kernels)
+FWD_D64_SOFTCAP = dataclasses.replace(FWD_D64, consumer_warpgroups=2, soft_cap=True)
 FWD_D128_SOFTCAP = dataclasses.replace(FWD_D128, soft_cap=True)
 FWD_D256_SOFTCAP = dataclasses.replace(FWD_D256, soft_cap=True)
 BWD_D64_SOFTCAP = dataclasses.replace(BWD_D64, soft_cap=True)
@@ -170,8 +172,8 @@ FORWARD_TABLE = {
 }
 # the soft cap: the general kernel of each head dim with the cap, whatever the structure
 FORWARD_TABLE.update({
-    (d, structure, True): (cfg, "the cap's tanh on the general kernel, one per head dim; "
-                           "docs/decisions.md#softcap-kernels")
+    (d, structure, True): (cfg, "the cap's tanh on the general kernel's walk, one per head dim "
+                           "(two consumer warpgroups at d = 64); docs/decisions.md#softcap-kernels")
     for d, cfg in ((64, FWD_D64_SOFTCAP), (128, FWD_D128_SOFTCAP), (256, FWD_D256_SOFTCAP))
     for structure in STRUCTURES})
 
