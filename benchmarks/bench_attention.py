@@ -9,8 +9,8 @@ twelve masks of FlashMask's suite; also head dims 64 and 256 at 8K and 32K.
     python benchmarks/bench_attention.py                      # the whole protocol
     python benchmarks/bench_attention.py --quick              # S=8K, d=128, six masks
     python benchmarks/bench_attention.py --masks causal,document --seqlens 8192 --impls cudnn,flex
-    python benchmarks/bench_attention.py --render benchmarks/results/h200_2026-12-04s24_fwdbwd_32k.json \
-        --out-dir /tmp/r --out-prefix s24_32k   # re-draw table and chart, no GPU
+    python benchmarks/bench_attention.py --render benchmarks/results/h100_2026-12-05_peers.json \
+        --out-dir /tmp/r --out-prefix peers   # re-draw table and chart, no GPU
     python benchmarks/bench_attention.py --render a.json b.json --out-prefix h200_DATE  # merge
 
 FLOPs: the FlashMask convention ``4·B·H·Sq·Sk·d·(1−ρ)`` forward, ρ the fraction of fully masked
@@ -977,6 +977,8 @@ def render_markdown(doc: dict, anchors: dict | None = None) -> str:
     runs = _meta_runs(meta)
     lines += ["Command" + ("s" if len(runs) > 1 else "") + " (`meta` in the JSON has the environment):", "", "```"]
     lines += [command_line(run["args"]) for run in runs if run.get("args")] + ["```", ""]
+    if meta.get("note"):  # what the commands alone don't say (a run cut short, a machine shared)
+        lines += [meta["note"], ""]
     rows = doc["results"]
     groups = []
     for r in rows:
