@@ -279,3 +279,14 @@ def test_render_names_the_commands(tmp_path):
     again = bench.parse_args(md.split("bench_attention.py ")[1].split("\n")[0].split())
     assert again.seqlens == [1024] and list(again.masks) == list(bench.MASK_NAMES)
 
+
+
+def test_render_prints_the_meta_note():
+    """A results document's note (what its commands don't say) follows the commands; none, no line."""
+    row = dict(S=1024, d=128, B=128, H=32, causal=True, D=1, rho=0.5, status="skipped", reason="x",
+               mask="causal", impl="ours")
+    doc = {"meta": {"date": "d", "note": "The second run ended at its timeout."}, "results": [row]}
+    md = bench.render_markdown(doc)
+    assert md.index("```\n\nThe second run ended at its timeout.\n") < md.index("## S = 1024")
+    del doc["meta"]["note"]
+    assert "timeout" not in bench.render_markdown(doc)
