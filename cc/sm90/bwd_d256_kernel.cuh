@@ -138,38 +138,37 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     } else if (warp == 1) {
-      {  // dQ writer: both halves of the tile's dQ, then the stage goes back
-        int stage = 0, phase = 0;
-        while (have) {
-          const int h = hk * a.heads_per_kv + g;
-          const int64_t base = bwd_sem_word(a, b, h, m);
-          const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
-          float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
-          Barrier::wait(&ss.dq_full[stage], phase);
-          if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
-          if (lane == 0) {
-            const float* src0 = reinterpret_cast<const float*>(ss.q.begin() + stage * T::kStageElems);
-            const float* src1 = reinterpret_cast<const float*>(ss.dO.begin() + stage * T::kStageElems);
-            CUTE_UNROLL
-            for (int w = 0; w < 2; ++w)
-              asm volatile(
-                  "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                      gtile + w * T::kDqHalfFloats),
-                  "r"(cute::cast_smem_ptr_to_uint(w == 0 ? src0 : src1)),
-                  "r"((int)(T::kDqHalfFloats * sizeof(float)))
-                  : "memory");
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-            // frees the stage (the producer may refill it) before the ordering bit's release
-            bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
-                                 &ss.empty[stage]);
-          }
-          __syncwarp();
-          if (++stage == S) { stage = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+      // dQ writer: both halves of the tile's dQ, then the stage goes back
+      int stage = 0, phase = 0;
+      while (have) {
+        const int h = hk * a.heads_per_kv + g;
+        const int64_t base = bwd_sem_word(a, b, h, m);
+        const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
+        float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+        Barrier::wait(&ss.dq_full[stage], phase);
+        if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
+        if (lane == 0) {
+          const float* src0 = reinterpret_cast<const float*>(ss.q.begin() + stage * T::kStageElems);
+          const float* src1 = reinterpret_cast<const float*>(ss.dO.begin() + stage * T::kStageElems);
+          CUTE_UNROLL
+          for (int w = 0; w < 2; ++w)
+            asm volatile(
+                "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                    gtile + w * T::kDqHalfFloats),
+                "r"(cute::cast_smem_ptr_to_uint(w == 0 ? src0 : src1)),
+                "r"((int)(T::kDqHalfFloats * sizeof(float)))
+                : "memory");
+          asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+          // frees the stage (the producer may refill it) before the ordering bit's release
+          bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
+                               &ss.empty[stage]);
         }
-        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        __syncwarp();
+        if (++stage == S) { stage = 0; phase ^= 1; }
+        ++m;
+        have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
       }
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else if (warp == 2) {
       if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
     }

@@ -239,27 +239,25 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     } else if (warp == 1) {
       // dQ writer; with Sched::kWriterTakesItems also the item's skip marks (deterministic mode)
-      {
-        int buf = 0, phase = 0;
-        for (int it = 0;; ++it) {
-          BwdItem w;
-          if (!sched.writer_item(a, ss, it, lane, w)) break;
-          if (Sched::kWriterTakesItems && a.deterministic)
-            bwd_mark_skipped<Bm>(a, w.b, w.hk, w.n, w.slot, lane);
-          sched.template start_walk<Bm, Bn>(a, w, g, m, partial, have);
-          // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
-          // long before the first dQ tile: the CTAs it waits for were launched before this one)
-          if (Sched::kZeroAhead && have && a.zero_count != nullptr)
-            bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
-          while (have) {
-            const int h = w.hk * a.heads_per_kv + g;
-            bwd_write_dq_tile<Bm, D>(a, ss, w.b, h, m, w.slot, lane, buf, phase);
-            if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
-            have = next_kept(w, g, m, partial);
-          }
+      int buf = 0, phase = 0;
+      for (int it = 0;; ++it) {
+        BwdItem w;
+        if (!sched.writer_item(a, ss, it, lane, w)) break;
+        if (Sched::kWriterTakesItems && a.deterministic)
+          bwd_mark_skipped<Bm>(a, w.b, w.hk, w.n, w.slot, lane);
+        sched.template start_walk<Bm, Bn>(a, w, g, m, partial, have);
+        // look-ahead zeroing: this unit's rows are zero before the first reduce (the wait ends
+        // long before the first dQ tile: the CTAs it waits for were launched before this one)
+        if (Sched::kZeroAhead && have && a.zero_count != nullptr)
+          bwd_wait_zeroed(a, bwd_zero_unit<T>(a));
+        while (have) {
+          const int h = w.hk * a.heads_per_kv + g;
+          bwd_write_dq_tile<Bm, D>(a, ss, w.b, h, m, w.slot, lane, buf, phase);
+          if (++buf == T::kDqBufs) { buf = 0; phase ^= 1; }
+          have = next_kept(w, g, m, partial);
         }
-        if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       }
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else if (warp == 2) {
       if (!Sched::kWriterTakesItems && a.deterministic)
         bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
