@@ -280,7 +280,6 @@ def test_render_names_the_commands(tmp_path):
     assert again.seqlens == [1024] and list(again.masks) == list(bench.MASK_NAMES)
 
 
-
 def test_render_prints_the_meta_note():
     """A results document's note (what its commands don't say) follows the commands; none, no line."""
     row = dict(S=1024, d=128, B=128, H=32, causal=True, D=1, rho=0.5, status="skipped", reason="x",
