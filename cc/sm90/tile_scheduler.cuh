@@ -260,16 +260,22 @@ struct BwdPersistentScheduler {
     pp_arrive(&ss.x.sched_full[s]);  // release: the slot stores are visible to the waiters
     return item < a.items_total;
   }
-  // The dQ-writer warp: item `it` from its ring slot, which lane 0 then releases (the consumers
-  // read the slot directly and release it after their epilogue).
+  // The dQ-writer warp: item `it` from its ring slot (the consumers read the slot directly and
+  // release it after their epilogue). Lane 0 alone reads the slot, releases it and passes the id
+  // on by shuffle, so every read of the slot precedes an arrival of its own thread: the order
+  // compute-sanitizer's racecheck can follow (it tracks arrivals per thread, not a warp barrier
+  // followed by one lane's arrival).
   template <class Storage>
   __device__ __forceinline__ bool writer_item(const BwdArgs& a, Storage& ss, int it, int lane,
                                               BwdItem& w) const {
     const int s = it & 1;
     pp_wait(&ss.x.sched_full[s], (it >> 1) & 1);
-    const int item = *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
-    __syncwarp();
-    if (lane == 0) pp_arrive(&ss.x.sched_empty[s]);
+    int item = 0;
+    if (lane == 0) {
+      item = *reinterpret_cast<volatile int*>(&ss.x.item[s][0]);
+      pp_arrive(&ss.x.sched_empty[s]);
+    }
+    item = __shfl_sync(0xffffffffu, item, 0);
     if (item >= a.items_total) return false;
     w = bwd_decode_item(a, item);
     return true;
