@@ -8,7 +8,8 @@ the compiled extension and a Hopper GPU are present.
 * Fully masked rows: out 0, lse -inf, dq 0.
 * Positions masked for every row (padding keys, padding queries) holding NaN/Inf: not guaranteed
   on the Hopper kernels yet (P = 0 times a NaN row of K/V/Q in their GEMMs): expected failures
-  until the kernels (or a pre-pass) zero them, as the portable path does.
+  until the kernels zero them as the portable path does (a pre-pass in XLA costs too much:
+  docs/decisions.md#nan-guarantee-cuda). Strict: a kernel that starts to hold it must drop the mark.
 * Second derivatives through the kernels raise NotImplementedError naming jax_flashmask.
 """
 
@@ -80,8 +81,8 @@ def test_fully_masked_rows_are_zero_with_zero_dq():
     assert np.isfinite(dk).all() and np.isfinite(dv).all()
 
 
-@pytest.mark.xfail(strict=False, reason="Hopper kernels: a padding query holding NaN reaches dK/dV "
-                   "through P = 0 in the dK GEMM (README Guarantees: not yet guaranteed on 'cuda')")
+@pytest.mark.xfail(strict=True, reason="Hopper kernels: a padding query holding NaN reaches dK/dV "
+                   "through P = 0 in the dK GEMM (docs/decisions.md#nan-guarantee-cuda)")
 def test_fully_masked_rows_holding_nan_do_not_reach_dk_dv():
     Sq, Sk = 384, 256
     q, k, v = _qkv(1, 2, Sq, Sk, 4, 2)
@@ -92,9 +93,8 @@ def test_fully_masked_rows_holding_nan_do_not_reach_dk_dv():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.xfail(strict=False, reason="Hopper kernels: keys masked for every row still enter "
-                   "P @ V and dS @ K with P = 0, and 0 * NaN = NaN (README Guarantees: masked "
-                   "positions must hold finite values on 'cuda' until measured and fixed)")
+@pytest.mark.xfail(strict=True, reason="Hopper kernels: keys masked for every row still enter "
+                   "P @ V and dS @ K with P = 0, and 0 * NaN = NaN (docs/decisions.md#nan-guarantee-cuda)")
 @pytest.mark.parametrize("causal", [True, False])
 def test_masked_keys_holding_nan_inf_never_leak(causal):
     S, n_pad = 512, 77
