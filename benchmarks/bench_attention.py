@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -446,6 +447,10 @@ class FlexImpl:
         self._bufs = {}  # S -> (bounds buffer [4, S] int32, mask_mod): one mask_mod per length
         self._bm = None
 
+    def _block_size(self, case: Case) -> tuple[int, int]:
+        """(query, key) rows per block of the block mask."""
+        return (TILE, TILE)
+
     def supports(self, case: Case):
         return None
 
@@ -469,7 +474,8 @@ class FlexImpl:
         torch = self.torch
         buf, mask_mod = self._mask_mod(case.S)
         buf.copy_(torch.from_numpy(case.bounds[0, 0].astype(np.int32)))
-        kw = dict(B=None, H=None, Q_LEN=case.S, KV_LEN=case.S, device="cuda", BLOCK_SIZE=TILE)
+        kw = dict(B=None, H=None, Q_LEN=case.S, KV_LEN=case.S, device="cuda",
+                  BLOCK_SIZE=self._block_size(case))
         try:  # _compile=True (checked on torch 2.11) never materialises the S×S mask
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*_compile flag.*", category=DeprecationWarning)
@@ -524,6 +530,21 @@ class FlexImpl:
         return time_torch(fb, grad_to_none=[qg, kg, vg], **kw)
 
 
+def fitted_block_size(block: tuple[int, int], error: str) -> tuple[int, int] | None:
+    """The block size that meets a FlashAttention-4 refusal such as "Block sparsity requires
+    sparse_block_size[1] to be a multiple of tile_n=80": the smallest multiple of the tile that is
+    at least 128 rows and, when the block already met another tile, a multiple of that one too.
+    None when `error` is not such a refusal or the block already is a multiple."""
+    m = re.search(r"sparse_block_size\[([01])\] to be a multiple of tile_\w+=(\d+)", error)
+    if not m:
+        return None
+    axis, tile = int(m.group(1)), int(m.group(2))
+    if block[axis] % tile == 0:
+        return None
+    size = -(-TILE // tile) * tile if block[axis] == TILE else math.lcm(block[axis], tile)
+    return tuple(size if i == axis else b for i, b in enumerate(block))
+
+
 class FlexFlashImpl(FlexImpl):
     """FlexAttention's FlashAttention-4 backend (kernel_options BACKEND="FLASH": CuTe DSL kernels
     of the flash-attn-4 package), the same mask_mod and block mask as `flex`."""
@@ -541,6 +562,30 @@ class FlexFlashImpl(FlexImpl):
             raise Skip(f"flash-attn-4 (FLASH backend) unavailable: {type(e).__name__}: {e}") from e
         self.flex = self.torch.compile(
             functools.partial(flex_attention, kernel_options={"BACKEND": "FLASH"}), dynamic=False)
+        self._blocks = {}  # head dim -> block size its kernels accepted
+
+    def _block_size(self, case: Case) -> tuple[int, int]:
+        return self._blocks.get(case.d, (TILE, TILE))
+
+    def _fitting(self, case: Case, run):
+        """`run()`, rebuilding the block mask when the kernels ask for blocks made of their tiles
+        (FA4's sm90 tile at d = 256 holds 80 keys; 128-key blocks are refused)."""
+        for _ in range(3):
+            try:
+                return run()
+            except ValueError as e:
+                block = fitted_block_size(self._block_size(case), str(e))
+                if block is None:
+                    raise
+                self._blocks[case.d] = block
+                self.prepare(case)
+        return run()
+
+    def check(self, case: Case, inputs, ref, phase: str) -> dict:
+        return self._fitting(case, lambda: super(FlexFlashImpl, self).check(case, inputs, ref, phase))
+
+    def time(self, case: Case, inputs, phase: str) -> float:
+        return self._fitting(case, lambda: super(FlexFlashImpl, self).time(case, inputs, phase))
 
     @staticmethod
     def _make_mask_mod(buf):
