@@ -567,25 +567,25 @@ class FlexFlashImpl(FlexImpl):
     def _block_size(self, case: Case) -> tuple[int, int]:
         return self._blocks.get(case.d, (TILE, TILE))
 
-    def _fitting(self, case: Case, run):
-        """`run()`, rebuilding the block mask when the kernels ask for blocks made of their tiles
-        (FA4's sm90 tile at d = 256 holds 80 keys; 128-key blocks are refused)."""
+    def _fitting(self, run, case: Case, *args):
+        """`run(case, *args)`, rebuilding the block mask when the kernels ask for blocks made of
+        their tiles (FA4's sm90 tile at d = 256 holds 80 keys; 128-key blocks are refused)."""
         for _ in range(3):
             try:
-                return run()
+                return run(case, *args)
             except ValueError as e:
                 block = fitted_block_size(self._block_size(case), str(e))
                 if block is None:
                     raise
                 self._blocks[case.d] = block
                 self.prepare(case)
-        return run()
+        return run(case, *args)
 
     def check(self, case: Case, inputs, ref, phase: str) -> dict:
-        return self._fitting(case, lambda: super(FlexFlashImpl, self).check(case, inputs, ref, phase))
+        return self._fitting(super().check, case, inputs, ref, phase)
 
     def time(self, case: Case, inputs, phase: str) -> float:
-        return self._fitting(case, lambda: super(FlexFlashImpl, self).time(case, inputs, phase))
+        return self._fitting(super().time, case, inputs, phase)
 
     @staticmethod
     def _make_mask_mod(buf):
