@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 
 from jax_flashmask import backends  # noqa: E402
 from jax_flashmask.masks import canonical_bounds  # noqa: E402
@@ -166,8 +166,16 @@ def problems(draw):
                 block=block, seed=seed, spots=spots)
 
 
+_DEAD_ROWS = dict(causal=True, D=1, B=1, Sq=13, Sk=11, N=1, K=1, Hm=1, d=8, dtype="bfloat16",
+                  impl="reference", block=8, seed=0)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
+# fully masked rows beside a key other rows see holding NaN (out 0) or Inf (dq 0; the row whose
+# one visible score is -inf counts as fully masked)
+@example(pb=dict(_DEAD_ROWS, spots=[("v", 1, np.nan)]))
+@example(pb=dict(_DEAD_ROWS, spots=[("k", 1, np.inf)]))
 def test_matches_float64_oracle_with_nan_contract(pb):
     rng = np.random.default_rng(pb["seed"])
     B, Sq, Sk, N, K, Hm, d = (pb[x] for x in ("B", "Sq", "Sk", "N", "K", "Hm", "d"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from . import portable, reference
 
@@ -60,10 +61,12 @@ def choose(implementation, query) -> str:
 def _reference_backward(q, k, v, bounds, out, lse, dout, dlse, *, scale, deterministic=False,
                         **options):
     # Dense autodiff: einsums, row sums and a repeat's transpose (a sum): no unordered reduction.
-    del out, lse, deterministic
+    del out, deterministic
     f = lambda q, k, v: reference.attention(q, k, v, bounds, scale=scale, **options)  # noqa: E731
     _, vjp = jax.vjp(f, q, k, v)
-    return vjp((dout, dlse))
+    dq, dk, dv = vjp((dout, dlse))
+    # rows with lse = -inf (no visible score): dq = 0, not the 0 * Inf of a key other rows see
+    return jnp.where(jnp.isneginf(lse)[..., None], jnp.zeros((), dq.dtype), dq), dk, dv
 
 
 def kernels(implementation: str, sm_margin: int = 0, structure: str = "general",

@@ -41,5 +41,7 @@ def attention(q, k, v, bounds, *, scale: float, compute_dtype=jnp.float32, logit
     alive = denom != 0  # a NaN sum (NaN/Inf in a visible input) must not look fully masked
     p = e / jnp.where(alive, denom, 1.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", p, vx)
+    # a row with no visible score is 0 even where a key other rows see holds NaN/Inf (0 * NaN)
+    out = jnp.where(jnp.transpose(alive, (0, 2, 1, 3)), out, 0.0)
     lse = jnp.where(alive, m + jnp.log(jnp.where(alive, denom, 1.0)), -jnp.inf)[..., 0]
     return out.astype(q.dtype), jnp.transpose(lse, (0, 2, 1)).astype(jnp.float32)
