@@ -463,8 +463,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         bwd_p_ds<Elem, Bm, decltype(tSrS), decltype(tPrP), T::kSoftCap>(
             tSrS, tSrdP, dls, col_b, tPrP, tPrdS, l2s, a.softcap_inv_sl2);
         if constexpr (!T::kLockstep) {
-          bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS, col_b,
-                                 64 * wg_b + row_b, st, par);
+          bwd_dkv_pingpong<Elem>(ss, mma_dkv, tPrP, tPrdS, tdVrdO, tdKrQ, tdVrdV, tdKrdK, sdS,
+                                 64 * wg_b + (row_b & ~15), lane, st, par);
 
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, it.b(), it.hk(), it.n(), g, m, partial);

@@ -215,18 +215,18 @@ __device__ __forceinline__ void bwd_p_ds(FragC const& tSrS, FragC const& tSrdP, 
 
 // Ping-pong consumers, tile in stage / dS buffer st (parity par): dV += P^T dO, dS^T to smem for
 // the dQ GEMMs (after the dQ GEMMs of two tiles back released the buffer: ds_empty; then
-// ds_full), dK += dS^T Q, all retired, then the Q / dO stage released (empty). q0 / k0 as in
-// store_ds_tile.
+// ds_full), dK += dS^T Q, all retired, then the Q / dO stage released (empty). k0w / lane as in
+// store_ds_tile_stsm.
 template <class Elem, class Storage, class MmaKV, class FragA, class TdO, class TQ, class FragKV,
           class SdS>
 __device__ __forceinline__ void bwd_dkv_pingpong(Storage& ss, MmaKV& mma_dkv, FragA& tPrP,
                                                  FragA& tPrdS, TdO const& tdVrdO, TQ const& tdKrQ,
-                                                 FragKV& tdVrdV, FragKV& tdKrdK, SdS& sdS, int q0,
-                                                 int k0, int st, int par) {
+                                                 FragKV& tdVrdV, FragKV& tdKrdK, SdS& sdS, int k0w,
+                                                 int lane, int st, int par) {
   wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
   // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
   pp_wait(&ss.x.ds_empty[st], par ^ 1);
-  store_ds_tile<Elem>(sdS, tPrdS, q0, k0, st);
+  store_ds_tile_stsm<Elem>(sdS, tPrdS, k0w, lane, st);
   pp_fence_async_smem();
   pp_arrive(&ss.x.ds_full[st]);
   wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);
