@@ -475,8 +475,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // behind each wait. dS buffer st was last read by the dQ GEMMs of tile t-2, which both
           // warpgroups retired (wait<1> below) before they reached the dS barrier of tile t-1.
           wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
-          if constexpr (T::kDqTrans) store_ds_tile_stsm<Elem>(sdS, tPrdS, 64 * wg_b + (row_b & ~15), lane, st);
-          else store_ds_tile<Elem>(sdS, tPrdS, col_b, 64 * wg_b + row_b, st);
+          store_ds_tile<Elem>(sdS, tPrdS, 64 * wg_b + (row_b & ~15), lane, st);
           pp_fence_async_smem();
           asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both halves of dS(t) stored
           if constexpr (T::kDqTrans) {

@@ -1,10 +1,10 @@
 // Building blocks of the backward main loops: the producer lane's K / V and row-statistics loads,
 // the consumers' GEMM turns (ping-pong), P^T (exp) and P / dS from S and dP, the dV / dK GEMMs of
 // a ping-pong tile, the dQ tile's hand-off to the writer warp, and the dS tile's stores to shared
-// memory (32-bit shared addresses, or stmatrix.trans for the 80-row kernel). The loops themselves
+// memory (stmatrix.trans). The loops themselves
 // (walk, GEMM issue order) are the kernel bodies in bwd_kernel.cuh / bwd_d256_kernel.cuh.
 // Contract: the SmemLayoutdS of traits.h (K-major, 128B swizzle), bit for bit as a CuTe store.
-// Synchronization: the caller fences the generic-proxy stores of store_ds_tile* before the GEMMs
+// Synchronization: the caller fences the generic-proxy stores of store_ds_tile before the GEMMs
 //   read them; bwd_dkv_pingpong and bwd_put_dq arrive on the barriers named at each.
 // Knobs: none.
 #pragma once
@@ -18,43 +18,19 @@ namespace jfm::sm90 {
 
 using namespace cute;
 
-// A consumer thread's share of its dS^T fragment into the dS tile (queries x keys, K-major, 128B
-// swizzle) on 32-bit shared addresses: 4 swizzled bases per thread (one per (key half, query
-// parity)); the 8 query-row groups of 8 are +1,024 bytes each (the swizzle only sees the row
-// within a group of 8, for every (q, k, stage) of the SmemLayoutdS instantiations). Storing through the CuTe tensor rebuilds
-// each element's 64-bit generic address (~340 integer instructions). q0 = the thread's first
-// query column of the fragment, k0 = its first key row.
+// A consumer warp's dS^T fragment into the dS tile (queries x keys, K-major, 128B swizzle) with
+// stmatrix.trans: Bm / 16 STSM.x4 per thread (5 at 80 rows, 8 at 128) instead of one 16-bit store
+// per element; the store sits between the dP wait and the dS barrier, on every tile's critical
+// path. The fragment's 8 x 8 blocks (keys x queries; register pair 2 * kk + i = keys 8i..,
+// queries 8kk..) are the blocks stmatrix takes, and .trans stores each one as 8 query rows of 8
+// contiguous keys (16 bytes: one swizzle chunk, never split by the 128B swizzle). Lane l gives
+// the address of stored row l % 8 (a query) of block l / 8 = (key half (l / 8) % 2, query group
+// 2p + l / 16). Query groups of 8 are one 8 x 64 swizzle atom (kRows8 bytes) apart: the atoms of
+// SmemLayoutdS stack along the query mode first. k0w = the warp's first key row (64 * warpgroup
+// + 16 * warp).
 template <class Elem, class SdS, class Frag>
-__device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int q0, int k0, int st) {
-  // 8 query rows = one 8 x 64 swizzle atom further (the atoms of SmemLayoutdS stack along the
-  // query mode first): 512 elements; host check: off(8, 0, 0) = 512, off(0, 0, 1) = 8192
-  constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
-  uint32_t dsb[2][2];
-  CUTE_UNROLL
-  for (int i = 0; i < 2; ++i)
-    CUTE_UNROLL
-    for (int c = 0; c < 2; ++c)
-      dsb[i][c] = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdS(q0 + c, k0 + 8 * i, st)));
-  CUTE_UNROLL
-  for (int e = 0; e < size(tPrdS); ++e) {
-    const uint32_t addr = dsb[(e / 2) % 2][e % 2] + (e / 4) * kRows8;
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(tPrdS(e).raw()) : "memory");
-  }
-}
-
-// store_ds_tile with stmatrix.trans (the 80-row lock-step body): the same dS^T fragment with 5
-// STSM.x4.trans per thread instead of 40 STS.16, the same bits in smem (the store sits between the
-// dP wait and the dS barrier of both warpgroups, on every tile's critical path).
-// The fragment's 8 x 8 blocks (keys x queries; register pair 2 * kk + i = keys 8i.., queries
-// 8kk..) are the blocks stmatrix takes, and .trans stores each one as 8 query rows of 8
-// contiguous keys (16 bytes: one swizzle chunk, never split by the 128B swizzle). Lane l of the
-// warp gives the address of stored row l % 8 (a query) of block l / 8 = (key half (l / 8) % 2,
-// query group 2p + l / 16); query groups of 8 are kRows8 apart as in store_ds_tile. Element (key
-// a, query b) of a block lands at row b's address + 2a, the address store_ds_tile computes for
-// it. k0w = the warp's first key row (64 * warpgroup + 16 * warp).
-template <class Elem, class SdS, class Frag>
-__device__ __forceinline__ void store_ds_tile_stsm(SdS& sdS, Frag const& tPrdS, int k0w, int lane,
-                                                   int st) {
+__device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int k0w, int lane,
+                                              int st) {
   constexpr uint32_t kRows8 = 8 * 64 * sizeof(Elem);
   constexpr int kGroups = decltype(size(tPrdS))::value / 4;  // query groups of 8 (10 at Bm = 80)
   static_assert(kGroups % 2 == 0, "two query groups per stmatrix.x4");
@@ -216,7 +192,7 @@ __device__ __forceinline__ void bwd_p_ds(FragC const& tSrS, FragC const& tSrdP, 
 // Ping-pong consumers, tile in stage / dS buffer st (parity par): dV += P^T dO, dS^T to smem for
 // the dQ GEMMs (after the dQ GEMMs of two tiles back released the buffer: ds_empty; then
 // ds_full), dK += dS^T Q, all retired, then the Q / dO stage released (empty). k0w / lane as in
-// store_ds_tile_stsm.
+// store_ds_tile.
 template <class Elem, class Storage, class MmaKV, class FragA, class TdO, class TQ, class FragKV,
           class SdS>
 __device__ __forceinline__ void bwd_dkv_pingpong(Storage& ss, MmaKV& mma_dkv, FragA& tPrP,
@@ -226,7 +202,7 @@ __device__ __forceinline__ void bwd_dkv_pingpong(Storage& ss, MmaKV& mma_dkv, Fr
   wgmma_gemm<false, -1, true>(mma_dkv, tPrP, tdVrdO(_, _, _, st), tdVrdV);
   // dS buffer st was last read by the dQ GEMMs of tile t-2 (both warpgroups, in section t)
   pp_wait(&ss.x.ds_empty[st], par ^ 1);
-  store_ds_tile_stsm<Elem>(sdS, tPrdS, k0w, lane, st);
+  store_ds_tile<Elem>(sdS, tPrdS, k0w, lane, st);
   pp_fence_async_smem();
   pp_arrive(&ss.x.ds_full[st]);
   wgmma_gemm<false, -1, true>(mma_dkv, tPrdS, tdKrQ(_, _, _, st), tdKrdK);

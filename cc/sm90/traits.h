@@ -356,7 +356,7 @@ struct BwdLockstep : Base {
 // warpgroup), N = 80 queries, K = 128 keys, A = K from smem read MN-major, B = the dS tile read
 // K-major. The fp32 dQ^T tile goes to one smem buffer (40 KB; two would exceed the 227 KB of
 // shared memory) in the kDqTrans fragment order, and bwd_aux.cu's 80-row converter reads it
-// back. The dS tile is stored with stmatrix.trans (store_ds_tile_stsm).
+// back. The dS tile is stored with stmatrix.trans (store_ds_tile).
 template <class Elem, int D>
 using BwdRows80 = BwdLockstep<BwdMaskRegs<BwdTraits<Elem, D, false, 80>>>;
 
