@@ -531,18 +531,17 @@ class FlexImpl:
 
 
 def fitted_block_size(block: tuple[int, int], error: str) -> tuple[int, int] | None:
-    """The block size that meets a FlashAttention-4 refusal such as "Block sparsity requires
-    sparse_block_size[1] to be a multiple of tile_n=80": the smallest multiple of the tile that is
-    at least 128 rows and, when the block already met another tile, a multiple of that one too.
-    None when `error` is not such a refusal or the block already is a multiple."""
-    m = re.search(r"sparse_block_size\[([01])\] to be a multiple of tile_\w+=(\d+)", error)
+    """The block size that meets a FlashAttention-4 block-sparsity refusal, "sparse_block_size[1]
+    to be a multiple of tile_n=80" or "sparse_block_size[1]=160 to match tile_n=80" (its sm90
+    kernels at d = 256 take their own 80-key tile and nothing else): the refused axis becomes the
+    tile. None when `error` is not such a refusal or the block already meets it."""
+    m = re.search(r"sparse_block_size\[([01])\](?:=\d+)? to (be a multiple of|match) tile_\w+=(\d+)",
+                  error)
     if not m:
         return None
-    axis, tile = int(m.group(1)), int(m.group(2))
-    if block[axis] % tile == 0:
-        return None
-    size = -(-TILE // tile) * tile if block[axis] == TILE else math.lcm(block[axis], tile)
-    return tuple(size if i == axis else b for i, b in enumerate(block))
+    axis, tile = int(m.group(1)), int(m.group(3))
+    met = block[axis] == tile if m.group(2) == "match" else block[axis] % tile == 0
+    return None if met else tuple(tile if i == axis else b for i, b in enumerate(block))
 
 
 class FlexFlashImpl(FlexImpl):

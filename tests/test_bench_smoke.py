@@ -293,9 +293,11 @@ def test_render_prints_the_meta_note():
 
 def test_fitted_block_size_meets_fa4_tile_refusals():
     fit = bench.fitted_block_size
-    msg = "Block sparsity requires sparse_block_size[{}] to be a multiple of tile_n={}."
-    assert fit((128, 128), msg.format(1, 80)) == (128, 160)
-    assert fit((128, 160), msg.format(1, 64)) == (128, 320)
-    assert fit((128, 128), msg.format(0, 192)) == (192, 128)
-    assert fit((128, 160), msg.format(1, 80)) is None  # already a multiple: the error is real
+    multiple = "Block sparsity requires sparse_block_size[{}] to be a multiple of tile_n={}."
+    match = "Block sparsity requires sparse_block_size[{}]={} to match tile_n={}."
+    assert fit((128, 128), multiple.format(1, 80)) == (128, 80)
+    assert fit((128, 160), match.format(1, 160, 80)) == (128, 80)
+    assert fit((128, 128), multiple.format(0, 192)) == (192, 128)
+    assert fit((128, 160), multiple.format(1, 80)) is None  # already a multiple: the error is real
+    assert fit((128, 80), match.format(1, 80, 80)) is None
     assert fit((128, 128), "some other ValueError") is None
