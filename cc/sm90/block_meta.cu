@@ -1,5 +1,6 @@
-// Block metadata kernel: per key block, min and max of the four canonical column vectors.
-// Reused by the forward kernel (tile classification) and, later, the backward kernel.
+// Block metadata kernel: per key block, min and max of the four canonical column vectors, and
+// (when asked) the block's unseen columns: one bit per column that every query row masks
+// (docs/decisions.md#nan-guarantee-cuda). Used by the forward and the backward kernels.
 #include <climits>
 #include "params.h"
 
@@ -20,11 +21,31 @@ __device__ __forceinline__ int warp_max(int x) {
   return x;
 }
 
+// Column c is unseen iff its masked rows [LTS, LTE) u [UTS, UTE) cover all of [0, Sq) (empty
+// ranges never help); the host model is masks._core.columns_fully_masked.
+__device__ __forceinline__ bool column_unseen(int lts, int lte, int uts, int ute, int Sq) {
+  const bool lo = lts < lte, up = uts < ute;
+  return Sq <= 0 || (lo && lts <= 0 && lte >= Sq) || (up && uts <= 0 && ute >= Sq) ||
+         (lo && up && lts <= 0 && lte >= uts && ute >= Sq) ||
+         (lo && up && uts <= 0 && ute >= lts && lte >= Sq);
+}
+
 // grid: (nblk, Hm, B); block: 128 threads. Each thread strides over the block's columns.
+// unseen (may be null; else bn <= 128): per (b, hm) at the offset of its block metadata, 4 words per
+// block n at 4 * n (half of the 8 * nblk), bit c % 32 of word c / 32 = column n * bn + c is unseen. zero / nzero: int32 words stored 0 on the way (the
+// backward's per-tile empty-row flags, set later in stream order by the prep kernel).
 __global__ void __launch_bounds__(kMetaThreads) block_meta_kernel(const int32_t* __restrict__ bounds,
                                                                   int32_t* __restrict__ meta, int Hm,
-                                                                  int Sk, int bn, int nblk) {
+                                                                  int Sk, int bn, int nblk, int Sq,
+                                                                  uint32_t* __restrict__ unseen,
+                                                                  int32_t* __restrict__ zero,
+                                                                  int64_t nzero) {
   const int n = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
+  if (zero != nullptr) {
+    const int64_t nthreads = (int64_t)gridDim.x * gridDim.y * gridDim.z * kMetaThreads;
+    const int64_t cta = ((int64_t)b * gridDim.y + hm) * gridDim.x + n;
+    for (int64_t j = cta * kMetaThreads + threadIdx.x; j < nzero; j += nthreads) zero[j] = 0;
+  }
   const int32_t* base = bounds + ((int64_t)b * Hm + hm) * 4 * (int64_t)Sk;
   int mn[4], mx[4];
 #pragma unroll
@@ -40,6 +61,15 @@ __global__ void __launch_bounds__(kMetaThreads) block_meta_kernel(const int32_t*
   }
   __shared__ int red[kMetaThreads / 32][8];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (unseen != nullptr) {  // bn <= kMetaThreads: thread t holds column c0 + t, warp w word w
+    const int c = c0 + (int)threadIdx.x;
+    bool u = false;
+    if (c < c1)
+      u = column_unseen(__ldg(base + c), __ldg(base + Sk + c), __ldg(base + 2 * (int64_t)Sk + c),
+                        __ldg(base + 3 * (int64_t)Sk + c), Sq);
+    const unsigned bits = __ballot_sync(0xffffffffu, u);
+    if (lane == 0) unseen[((int64_t)b * Hm + hm) * 8 * nblk + 4 * n + warp] = bits;
+  }
 #pragma unroll
   for (int v = 0; v < 4; ++v) {
     int a = warp_min(mn[v]), z = warp_max(mx[v]);
@@ -83,11 +113,17 @@ cudaError_t group_meta_sm90(const int32_t* meta, int32_t* gmeta, int B, int Hm, 
 }
 
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, int Sq, uint32_t* unseen, int32_t* zero,
+                            int64_t nzero) {
   const int nblk = (Sk + bn - 1) / bn;
-  if (B == 0 || Hm == 0 || nblk == 0) return cudaSuccess;
+  if (unseen != nullptr && bn > kMetaThreads) return cudaErrorInvalidValue;
+  if (B == 0 || Hm == 0 || nblk == 0) {
+    if (zero == nullptr || nzero <= 0) return cudaSuccess;
+    return cudaMemsetAsync(zero, 0, sizeof(int32_t) * (size_t)nzero, stream);
+  }
   dim3 grid(nblk, Hm, B);
-  block_meta_kernel<<<grid, kMetaThreads, 0, stream>>>(bounds, meta, Hm, Sk, bn, nblk);
+  block_meta_kernel<<<grid, kMetaThreads, 0, stream>>>(bounds, meta, Hm, Sk, bn, nblk, Sq, unseen,
+                                                       zero, nzero);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,95 @@
+// Masked positions that may hold NaN / Inf (README "Guarantees", docs/decisions.md#nan-guarantee-cuda):
+// the rows of a shared-memory tile that no product may see are overwritten with zeros before the
+// tile's consumers are released, on the tiles that hold such rows only.
+//  * unseen key columns (masked for every query row of their mask head): the V rows of a forward
+//    key block, the K and V rows of a backward CTA's key block; flagged per key block by
+//    block_meta_sm90's unseen words (one bit per column);
+//  * fully masked query rows (lse = -inf): the Q and dO rows of a backward query tile; flagged per
+//    (batch, head, tile) by the prep kernel (bwd_aux.cu), the rows read from the tile's lse2.
+// The producer stages such a tile onto the auxiliary barrier `aux` instead of the consumers' full
+// barrier, waits for it, zeroes the rows (generic-proxy stores), fences them for the async proxy
+// (the WGMMA reads) and then arrives on the full barrier itself: the consumers, their barriers and
+// the GEMM schedule are the same on both paths; unflagged tiles take the unchanged path.
+// Contract: a tile's rows are 16-byte chunks of 8 contiguous elements in its CuTe smem layout (the
+//   K-major 128B-swizzle atoms of traits.h: the swizzle permutes whole 16-byte chunks).
+// Synchronization: `aux` (1 arrival + the copies' bytes), used by one producer thread (or warp)
+//   that waits for each phase before the next use; fence.proxy.async before the full arrive.
+// Knobs: none.
+#pragma once
+
+#include "primitives.cuh"
+
+namespace jfm::sm90 {
+
+using namespace cute;
+
+// Generic-proxy stores to shared memory, made visible to the async proxy (WGMMA / TMA reads).
+__device__ __forceinline__ void fence_generic_to_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Zeroes row r of the [R, D] smem tile `s` (2-D CuTe tensor, rows mode 0) for every set bit r of
+// words[r / 32], R <= 128; thread t of nt threads takes every nt-th 16-byte chunk of those rows.
+template <int R, int D, class STensor>
+__device__ __forceinline__ void zero_tile_rows(STensor&& s, const uint32_t (&words)[4], int t,
+                                               int nt) {
+  static_assert(R <= 128 && D % 8 == 0, "rows of whole 16-byte chunks, at most 128");
+  constexpr int kChunks = D / 8;
+  for (int u = t; u < R * kChunks; u += nt) {
+    const int r = u / kChunks, c = u % kChunks;
+    // (a select, not words[r >> 5]: a dynamic index puts the array in local memory)
+    const uint32_t w = r < 32 ? words[0] : r < 64 ? words[1] : r < 96 ? words[2] : words[3];
+    if ((w >> (r & 31)) & 1u) {
+      const uint32_t addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&s(r, 8 * c)));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+    }
+  }
+}
+
+// zero_tile_rows for one thread: only the set rows are visited.
+template <int R, int D, class STensor>
+__device__ __forceinline__ void zero_tile_rows_lane(STensor&& s, const uint32_t (&words)[4]) {
+  static_assert(R <= 128 && D % 8 == 0, "rows of whole 16-byte chunks, at most 128");
+  CUTE_UNROLL
+  for (int q = 0; q < 4; ++q) {
+    uint32_t w = words[q];
+    while (w != 0u) {
+      const int r = 32 * q + __ffs(w) - 1;
+      w &= w - 1u;
+      if (r >= R) break;
+      CUTE_UNROLL
+      for (int c = 0; c < D / 8; ++c) {
+        const uint32_t addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&s(r, 8 * c)));
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+      }
+    }
+  }
+}
+
+// Whether key block n may hold columns that the kv group hk leaves unseen: any unseen column of
+// the group's first mask head (a necessary condition; bwd_unseen_words gives the exact columns).
+// `unseen`: block_meta_sm90's words (laid out as the block metadata, 4 per block).
+__device__ __forceinline__ bool bwd_unseen_any(const uint32_t* unseen, int Hm, int nblk,
+                                               int heads_per_kv, int heads_per_mask, int b, int hk,
+                                               int n) {
+  const int hm0 = hk * heads_per_kv / heads_per_mask;
+  const uint32_t* p = unseen + ((int64_t)b * Hm + hm0) * 8 * nblk + 4 * n;
+  return (__ldg(p) | __ldg(p + 1) | __ldg(p + 2) | __ldg(p + 3)) != 0u;
+}
+// The columns of key block n (4 x 32 bits) unseen under every mask head that the query heads of kv
+// head hk use (batch b); false when there are none.
+__device__ __forceinline__ bool bwd_unseen_words(const uint32_t* unseen, int Hm, int nblk,
+                                                 int heads_per_kv, int heads_per_mask, int b,
+                                                 int hk, int n, uint32_t (&w)[4]) {
+  const int hm0 = hk * heads_per_kv / heads_per_mask;
+  const int hm1 = (hk * heads_per_kv + heads_per_kv - 1) / heads_per_mask;
+  w[0] = w[1] = w[2] = w[3] = ~0u;
+  for (int hm = hm0; hm <= hm1; ++hm) {
+    const uint32_t* p = unseen + ((int64_t)b * Hm + hm) * 8 * nblk + 4 * n;
+    CUTE_UNROLL
+    for (int i = 0; i < 4; ++i) w[i] &= __ldg(p + i);
+  }
+  return (w[0] | w[1] | w[2] | w[3]) != 0u;
+}
+
+}  // namespace jfm::sm90
