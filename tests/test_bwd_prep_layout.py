@@ -240,7 +240,7 @@ def test_convert80_write_phase_unchanged(Sq, mt):
 def test_sources_match_the_model():
     """The transcribed constants and the call site are those of the sources."""
     assert "cudaMemsetAsync(p.dq_accum" not in KERNEL
-    assert "e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, stream);" in KERNEL
+    assert "e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, tile_flags, T::Bm, stream);" in KERNEL
     # the two callers of bwd_prepare_workspaces: d = 256 zeroes the whole accumulator; the pp
     # launcher all (K * B pairs) or, zeroing ahead, unit 0's pairs (test_zero_ahead_prefix)
     assert re.search(r"bwd_prepare_workspaces<T>\(p, g\.mblk, g\.sq_pad, g\.sem_words,\s+"
@@ -261,24 +261,26 @@ def test_sources_match_the_model():
 
 
 def _meta_layout_from_source() -> dict:
-    """bwd_kernel.cuh's bwd_meta_layout body, evaluated by transcription: every `l.x = expr;`
-    with p.B / p.Hm / p.K / nblk / earlier l.* fields as Python names."""
-    body = re.search(r"inline BwdMetaLayout bwd_meta_layout\(const BwdParams& p, int nblk\) \{"
+    """bwd_host.cuh's bwd_meta_layout body, evaluated by transcription: every `l.x = expr;`
+    with p.B / p.Hm / p.K / p.N / nblk / mblk / earlier l.* fields as Python names."""
+    body = re.search(r"inline BwdMetaLayout bwd_meta_layout\(const BwdParams& p, int nblk, int mblk\) \{"
                      r"(.*?)\n\}", KERNEL, re.S).group(1)
     fields = re.findall(r"\bl\.(\w+) = ([^;]+);", body)
-    assert [f for f, _ in fields] == ["sched", "orders", "zero_count", "end"], fields
+    assert [f for f, _ in fields] == ["sched", "orders", "zero_count", "unseen", "tile_flags",
+                                      "end"], fields
     return {f: re.sub(r"\(int64_t\)", "", e).replace("p.", "p_").replace("l.", "l_")
             for f, e in fields}
 
 
-@pytest.mark.parametrize("B,Hm,K,nblk", [(1, 1, 1, 1), (2, 8, 4, 65), (3, 1, 2, 7), (1, 32, 8, 1024)])
-def test_meta_workspace_size_matches_bwd_meta_layout(B, Hm, K, nblk):
+@pytest.mark.parametrize("B,Hm,K,N,nblk,Sq", [(1, 1, 1, 1, 1, 1), (2, 8, 4, 8, 65, 1000),
+                                               (3, 1, 2, 4, 7, 161), (1, 32, 8, 32, 1024, 8192)])
+def test_meta_workspace_size_matches_bwd_meta_layout(B, Hm, K, N, nblk, Sq):
     """The metadata workspace the backend allocates (BackwardConfig.meta_words) ends exactly where
-    the C++ layout's last field (the look-ahead zeroing's counters) ends: one size, written in two
+    the C++ layout's last field (the query tiles' empty-row flags) ends: one size, written in two
     languages."""
-    env = {"p_B": B, "p_Hm": Hm, "p_K": K, "nblk": nblk}
-    for field, expr in _meta_layout_from_source().items():
-        env["l_" + field] = eval(expr, {}, dict(env))  # noqa: S307 (transcribed source)
-    assert env["l_sched"] == B * Hm * 8 * nblk  # the block metadata comes first
     for c in configs.BACKWARD_CONFIGS:
-        assert c.meta_words(B, Hm, K, nblk * c.block_n) == env["l_end"], c.name
+        env = {"p_B": B, "p_Hm": Hm, "p_K": K, "p_N": N, "nblk": nblk, "mblk": -(-Sq // c.block_m)}
+        for field, expr in _meta_layout_from_source().items():
+            env["l_" + field] = eval(expr, {}, dict(env))  # noqa: S307 (transcribed source)
+        assert env["l_sched"] == B * Hm * 8 * nblk  # the block metadata comes first
+        assert c.meta_words(B, Hm, K, nblk * c.block_n, N, Sq) == env["l_end"], c.name

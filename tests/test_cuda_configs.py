@@ -113,12 +113,15 @@ def test_config_table():
 
 
 def test_workspace_sizes():
-    """The forward's workspace (metadata, tile counter, group metadata) and the backward's
-    metadata words at each config's key-block size."""
-    assert configs.FWD_D256_BN80.workspace_words(2, 3, 1000) == 2 * 3 * 8 * 13 + 32
-    assert configs.FWD_D128.workspace_words(2, 3, 1000) == 2 * (2 * 3 * 8 * 8 + 32)
-    assert configs.BWD_D256.meta_words(1, 2, 4, 130) == 2 * 8 * 3 + 4 + 3 + 2 * 3 + 4
-    assert configs.BWD_D128.meta_words(1, 2, 4, 130) == 2 * 8 * 2 + 4 + 2 + 2 * 2 + 4
+    """The forward's workspace (metadata, tile counter, group metadata, unseen-column words) and
+    the backward's metadata words at each config's key-block size (the last two terms: the
+    unseen-column words and the query tiles' empty-row flags, N = 8 heads of Sq = 200 rows)."""
+    assert configs.FWD_D256_BN80.workspace_words(2, 3, 1000) == 2 * 3 * 8 * 13 + 32 + 2 * 3 * 8 * 13
+    assert configs.FWD_D128.workspace_words(2, 3, 1000) == 2 * (2 * 3 * 8 * 8 + 32) + 2 * 3 * 8 * 8
+    assert configs.BWD_D256.meta_words(1, 2, 4, 130, 8, 200) == (
+        2 * 8 * 3 + 4 + 3 + 2 * 3 + 4 + 2 * 8 * 3 + 8 * 4)  # 64-row tiles: 4
+    assert configs.BWD_D128.meta_words(1, 2, 4, 130, 8, 200) == (
+        2 * 8 * 2 + 4 + 2 + 2 * 2 + 4 + 2 * 8 * 2 + 8 * 3)  # 80-row tiles: 3
 
 
 def test_backward_workspace_shapes():
@@ -126,7 +129,7 @@ def test_backward_workspace_shapes():
     tile, ordering bits only in deterministic mode."""
     ws = configs.BWD_D128_DET.workspace_shapes(1, 200, 300, 4, 2, 1, deterministic=True)
     assert ws == {"dq_accum": (1, 4, 240, 128), "rowstats": (2, 1, 4, 240),
-                  "meta": (configs.BWD_D128_DET.meta_words(1, 1, 2, 300),), "dq_sem": (1, 4, 3, 1)}
+                  "meta": (configs.BWD_D128_DET.meta_words(1, 1, 2, 300, 4, 200),), "dq_sem": (1, 4, 3, 1)}
     assert configs.BWD_D64.workspace_shapes(2, 130, 130, 2, 1, 1, deterministic=False)["dq_sem"] == (1,)
     assert configs.BWD_D256.workspace_shapes(1, 64, 64 * 33, 1, 1, 1, True)["dq_sem"] == (1, 1, 1, 2)
 

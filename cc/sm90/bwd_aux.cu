@@ -20,7 +20,7 @@ template <class Elem>
 __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
     const Elem* __restrict__ o, const Elem* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ dlse, float* __restrict__ lse2, float* __restrict__ delta, int B,
-    int Sq, int N, int d, int sq_pad) {
+    int Sq, int N, int d, int sq_pad, int32_t* __restrict__ tile_flags, int block_m) {
   const int64_t row = (int64_t)blockIdx.x * (kPrepThreads / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t rows = (int64_t)B * N * sq_pad;
@@ -47,8 +47,11 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
     const float l = lse[src];
-    lse2[row] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
-    delta[row] = acc - dlse[src];
+    const bool empty = l == -INFINITY;
+    lse2[row] = empty ? INFINITY : l * 1.4426950408889634f;
+    // a fully masked row: D = 0 whatever its dO / dlse hold (they reach nothing: unseen.cuh)
+    delta[row] = empty ? 0.f : acc - dlse[src];
+    if (empty && tile_flags != nullptr) tile_flags[bh * (sq_pad / block_m) + i / block_m] = 1;
   }
 }
 
@@ -69,7 +72,8 @@ template <class Elem, int D>
 __global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
     const Elem* __restrict__ o, const Elem* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ dlse, float* __restrict__ lse2, float* __restrict__ delta,
-    float* __restrict__ dq_accum, int64_t zero_floats, int B, int Sq, int N, int sq_pad) {
+    float* __restrict__ dq_accum, int64_t zero_floats, int B, int Sq, int N, int sq_pad,
+    int32_t* __restrict__ tile_flags, int block_m) {
   static_assert(D % 64 == 0, "16-byte chunks at columns 8t + 64k");
   constexpr int kChunks = D / 64;
   using Chunk = cutlass::AlignedArray<Elem, 8, 16>;
@@ -135,8 +139,12 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
     const int i = (int)(bi % Sq);
     const int64_t b = bi / Sq;
     const int64_t out = (b * N + h) * sq_pad + i;
-    lse2[out] = (l == -INFINITY) ? INFINITY : l * 1.4426950408889634f;
-    delta[out] = acc - dl;
+    const bool empty = l == -INFINITY;
+    lse2[out] = empty ? INFINITY : l * 1.4426950408889634f;
+    // a fully masked row: D = 0 whatever its dO / dlse hold, and its tile's flag (unseen.cuh)
+    delta[out] = empty ? 0.f : acc - dl;
+    if (empty && tile_flags != nullptr)
+      tile_flags[(b * N + h) * (sq_pad / block_m) + i / block_m] = 1;
   }
 }
 
@@ -554,7 +562,7 @@ cudaError_t bwd_sched_sm90(const int32_t* meta, int32_t* sched, int B, int Hm, i
 namespace {
 template <class Elem>
 cudaError_t bwd_prep_launch(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
-                            cudaStream_t stream) {
+                            int32_t* tile_flags, int block_m, cudaStream_t stream) {
   const Elem* o = static_cast<const Elem*>(p.o);
   const Elem* dout = static_cast<const Elem*>(p.dout);
   float* lse2 = p.rowstats;
@@ -570,7 +578,8 @@ cudaError_t bwd_prep_launch(const BwdParams& p, int sq_pad, size_t dq_zero_float
                                : &bwd_prep_fused_kernel<Elem, 256>;
     kernel<<<(unsigned)blocks, kPrepThreads, 0, stream>>>(o, dout, p.lse, p.dlse, lse2, delta,
                                                           p.dq_accum, (int64_t)dq_zero_floats,
-                                                          p.B, p.Sq, p.N, sq_pad);
+                                                          p.B, p.Sq, p.N, sq_pad, tile_flags,
+                                                          block_m);
     return cudaGetLastError();
   }
   // fallback: one warp per padded row, then the driver's memset of the accumulator
@@ -578,7 +587,7 @@ cudaError_t bwd_prep_launch(const BwdParams& p, int sq_pad, size_t dq_zero_float
   const int64_t pblocks = (prow + kPrepThreads / 32 - 1) / (kPrepThreads / 32);
   if (pblocks > INT32_MAX) return cudaErrorInvalidValue;
   bwd_prep_kernel<Elem><<<(unsigned)pblocks, kPrepThreads, 0, stream>>>(
-      o, dout, p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad);
+      o, dout, p.lse, p.dlse, lse2, delta, p.B, p.Sq, p.N, p.d, sq_pad, tile_flags, block_m);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || dq_zero_floats == 0) return e;
   return cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * dq_zero_floats, stream);
@@ -586,14 +595,16 @@ cudaError_t bwd_prep_launch(const BwdParams& p, int sq_pad, size_t dq_zero_float
 }  // namespace
 
 cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
-                          cudaStream_t stream) {
+                          int32_t* tile_flags, int block_m, cudaStream_t stream) {
   const int64_t rows = (int64_t)p.B * p.N * sq_pad;
   if (rows == 0) {
     if (dq_zero_floats == 0) return cudaSuccess;
     return cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * dq_zero_floats, stream);
   }
-  if (p.dtype == DType::kBF16) return bwd_prep_launch<cutlass::bfloat16_t>(p, sq_pad, dq_zero_floats, stream);
-  return bwd_prep_launch<cutlass::half_t>(p, sq_pad, dq_zero_floats, stream);
+  if (block_m <= 0 || sq_pad % block_m != 0) return cudaErrorInvalidValue;
+  if (p.dtype == DType::kBF16)
+    return bwd_prep_launch<cutlass::bfloat16_t>(p, sq_pad, dq_zero_floats, tile_flags, block_m, stream);
+  return bwd_prep_launch<cutlass::half_t>(p, sq_pad, dq_zero_floats, tile_flags, block_m, stream);
 }
 
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {

@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Barrier::init(&ss.pds_empty[s], kConsumers);
     }
     Barrier::init(&ss.kv_full, 1);
+    Barrier::init(&ss.aux, 1);
+    ss.aux_uses = 0u;
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -115,23 +117,34 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         Tensor mdO = tma_do.get_tma_tensor(make_shape(a.Sq, D, a.N, a.B));
         Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
         Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
-        bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+        // K / V with the kv group's unseen columns zeroed where the block holds any (unseen.cuh)
+        if (bwd_unseen_any(a.unseen, a.Hm, a.nblk, a.heads_per_kv, a.heads_per_mask, b, hk, n))
+          bwd_load_kv_zeroed<Elem, Bn, D>(a, tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+        else
+          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
         int stage = 0, phase = 0;
         while (have) {
-          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
           const int h = hk * a.heads_per_kv + g;
+          // the tile's empty-row flag (prep kernel), in flight under the stage's wait
+          const int32_t zq = __ldg(a.tile_flags + ((int64_t)b * a.N + h) * a.mblk + m);
+          Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
           auto [tQg, tQs, tdOg, tdOs] =
               bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
-          Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                        2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-          copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-          copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-          // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
-          const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-          SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.rs[stage][0][0],
-                                   Bm * (int)sizeof(float));
-          SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.rs[stage][1][0],
-                                   Bm * (int)sizeof(float));
+          if (zq == 0) {
+            Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                          2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+            copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+            copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+            // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
+            const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+            SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.rs[stage][0][0],
+                                     Bm * (int)sizeof(float));
+            SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.rs[stage][1][0],
+                                     Bm * (int)sizeof(float));
+          } else {  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
+            bwd_load_q_do_zeroed<Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, sQ, sdO, ss,
+                                        &ss.rs[stage][0][0], &ss.rs[stage][1][0], b, h, m, stage);
+          }
           if (++stage == S) { stage = 0; phase ^= 1; }
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);

@@ -22,6 +22,28 @@ struct BwdGeometry {
   int nblk, mblk, sq_pad, sem_words;
 };
 
+// The metadata workspace (int32) in order, as BackwardConfig.meta_words sizes it: the block
+// metadata [B, Hm, 8, nblk]; the scheduler area `sched` (4 words: the persistent grid's item
+// counter, the launch group size G, the deterministic order flag, spare; then the persistent
+// grid's key-block order [nblk]); the deterministic key-block orders [B, Hm, nblk]; the
+// look-ahead zeroing's counters [K * B]; the unseen-column words of block_meta_sm90 (laid out as
+// the block metadata, [B, Hm, 8 * nblk]); the query tiles' empty-row flags [B, N, mblk]
+// (unseen.cuh). Each start is also the end a kernel needs when it uses nothing after it (the
+// capacity checks).
+struct BwdMetaLayout {
+  int64_t sched, orders, zero_count, unseen, tile_flags, end;
+};
+inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk, int mblk) {
+  BwdMetaLayout l;
+  l.sched = (int64_t)p.B * p.Hm * 8 * nblk;
+  l.orders = l.sched + 4 + nblk;
+  l.zero_count = l.orders + (int64_t)p.B * p.Hm * nblk;
+  l.unseen = l.zero_count + (int64_t)p.K * p.B;
+  l.tile_flags = l.unseen + (int64_t)p.B * p.Hm * 8 * nblk;
+  l.end = l.tile_flags + (int64_t)p.B * p.N * mblk;
+  return l;
+}
+
 // The geometry of `p` at T's tiles, after the checks every backward launcher makes: the
 // workspaces' capacities (block metadata at T::Bn keys, row statistics, dQ accumulator), what the
 // deterministic mode needs, and the grid's limits on kv heads and batch.
@@ -31,7 +53,7 @@ cudaError_t bwd_geometry(const BwdParams& p, BwdGeometry& g, const char** err) {
   g.mblk = (p.Sq + T::Bm - 1) / T::Bm;
   g.sq_pad = g.mblk * T::Bm;
   g.sem_words = (g.nblk + 31) / 32;
-  if (p.meta_capacity < (int64_t)p.B * p.Hm * 8 * g.nblk ||
+  if (p.meta_capacity < bwd_meta_layout(p, g.nblk, g.mblk).end ||
       p.rowstats_capacity < 2 * (int64_t)p.B * p.N * g.sq_pad ||
       p.dq_accum_capacity < (int64_t)p.B * p.N * g.sq_pad * T::D) {
     if (err) *err = "flashmask sm90 backward: workspace too small";
@@ -70,10 +92,15 @@ cudaError_t bwd_launch_and_convert(Kernel kernel, dim3 grid, const BwdParams& p,
 template <class T>
 cudaError_t bwd_prepare_workspaces(const BwdParams& p, int mblk, int sq_pad, int sem_words,
                                    size_t dq_zero_floats, cudaStream_t stream) {
-  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, T::Bn, stream);
+  // the unseen columns' words, and the zeroed empty-row flags that the prep kernel then sets
+  const BwdMetaLayout ml = bwd_meta_layout(p, (p.Sk + T::Bn - 1) / T::Bn, mblk);
+  int32_t* tile_flags = p.meta + ml.tile_flags;
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, T::Bn, stream, p.Sq,
+                                  reinterpret_cast<uint32_t*>(p.meta + ml.unseen), tile_flags,
+                                  (int64_t)p.B * p.N * mblk);
   if (e != cudaSuccess) return e;
   // row statistics and the zeros of the fp32 dQ accumulator [B, N, sq_pad, T::D] in one kernel
-  e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, stream);
+  e = bwd_prep_sm90(p, sq_pad, dq_zero_floats, tile_flags, T::Bm, stream);
   if (e != cudaSuccess) return e;
   if (p.deterministic)
     e = cudaMemsetAsync(p.dq_sem, 0, sizeof(uint32_t) * (size_t)p.B * p.N * mblk * sem_words, stream);
@@ -138,26 +165,12 @@ inline BwdArgs bwd_args(const BwdParams& p, int nblk, int mblk, int sq_pad, int 
   a.walk_clocked = 0;
   a.walk_clock = nullptr;
   a.walk_sms = 1;
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk, mblk);
+  a.unseen = reinterpret_cast<const uint32_t*>(p.meta + ml.unseen);
+  a.tile_flags = p.meta + ml.tile_flags;
   return a;
 }
 
-// The metadata workspace (int32) in order, as BackwardConfig.meta_words sizes it: the block
-// metadata [B, Hm, 8, nblk]; the scheduler area `sched` (4 words: the persistent grid's item
-// counter, the launch group size G, the deterministic order flag, spare; then the persistent
-// grid's key-block order [nblk]); the deterministic key-block orders [B, Hm, nblk]; the
-// look-ahead zeroing's counters [K * B]. Each start is also the end a kernel needs when it uses
-// nothing after it (the capacity checks).
-struct BwdMetaLayout {
-  int64_t sched, orders, zero_count, end;
-};
-inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
-  BwdMetaLayout l;
-  l.sched = (int64_t)p.B * p.Hm * 8 * nblk;
-  l.orders = l.sched + 4 + nblk;
-  l.zero_count = l.orders + (int64_t)p.B * p.Hm * nblk;
-  l.end = l.zero_count + (int64_t)p.K * p.B;
-  return l;
-}
 
 // Deterministic mode of the kernels launched (nblk, K, B) at `rows`-row tiles (d = 64 with
 // 128-row tiles, d = 256): the launch groups' key-block order where the tails are inverted
@@ -165,7 +178,7 @@ inline BwdMetaLayout bwd_meta_layout(const BwdParams& p, int nblk) {
 // metadata) and runs the pre-pass on `stream`.
 inline cudaError_t bwd_launch_det_order(const BwdParams& p, BwdArgs& a, int nblk, int mblk, int rows,
                                         cudaStream_t stream, const char** err) {
-  const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk, mblk);
   if (p.meta_capacity < ml.zero_count) {
     if (err) *err = "flashmask sm90 backward: metadata workspace too small for the deterministic order";
     return cudaErrorInvalidValue;

@@ -146,6 +146,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     Barrier::init(&ss.kv_full, 1);
     if constexpr (kPersist) Barrier::init(&ss.x.kv_empty, kConsumers);
+    Barrier::init(&ss.aux, 1);
+    ss.aux_uses = 0u;
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -195,14 +197,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         for (int it = 0;; ++it) {
           BwdItem w;
           if (!sched.producer_item(a, ss, it, w)) break;
+          // the kv group's unseen columns of the block (unseen.cuh), loaded with the walk's metadata
+          const bool zkv = bwd_unseen_any(a.unseen, a.Hm, a.nblk, a.heads_per_kv,
+                                          a.heads_per_mask, w.b, w.hk, w.n);
           sched.template start_walk<Bm, Bn>(a, w, g, m, partial, have);
           if (!have) continue;
           sched.producer_kv_acquire(ss, kvu);
           ++kvu;
-          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
+          if (zkv) bwd_load_kv_zeroed<Elem, Bn, D>(a, tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
+          else bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
           while (have) {
-            Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
             const int h = w.hk * a.heads_per_kv + g;
+            // the tile's empty-row flag (prep kernel), in flight under the stage's wait
+            const int32_t zq = __ldg(a.tile_flags + ((int64_t)w.b * a.N + h) * a.mblk + m);
+            Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
             auto [tQg, tQs, tdOg, tdOs] =
                 bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, w.b);
             // lock-step: the next kept tile first, so that this one's slot says if it is the last
@@ -215,16 +223,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                cute::cast_smem_ptr_to_uint(&tinfo[stage])), "r"(m), "r"(info)
                            : "memory");
             }
-            Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                          2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
             if constexpr (kRot) {
               if (on_clock)
                 asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock)
                              : "memory");
             }
-            copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-            copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-            bwd_load_rowstats<Bm>(a, ss, w.b, h, m, stage);
+            if (zq == 0) {
+              Barrier::arrive_and_expect_tx(&ss.full[stage],
+                                            2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+              copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
+              copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
+              bwd_load_rowstats<Bm>(a, ss, w.b, h, m, stage);
+            } else {  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
+              bwd_load_q_do_zeroed<Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, sQ, sdO, ss,
+                                          &ss.x.rs[stage][0][0], &ss.x.rs[stage][1][0], w.b, h,
+                                          m, stage);
+            }
             if (++stage == S) { stage = 0; phase ^= 1; }
             if constexpr (T::kLockstep) {
               g = gn;
@@ -586,7 +600,7 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   BwdGeometry g;
   if (cudaError_t e = bwd_geometry<T>(p, g, err); e != cudaSuccess) return e;
   const int nblk = g.nblk, mblk = g.mblk, sq_pad = g.sq_pad, sem_words = g.sem_words;
-  const BwdMetaLayout ml = bwd_meta_layout(p, nblk);
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk, mblk);
   const int64_t items_total = (int64_t)nblk * p.K * p.B;
   if constexpr (T::kPersist) {  // the scheduler area with its key-block order
     if (p.meta_capacity < ml.orders) {
@@ -599,11 +613,11 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
     }
   }
 
-  // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters end the
-  // metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is
+  // Look-ahead zeroing (bwd_zero_unit): the pp kernel with bulk dQ reduces; its counters follow
+  // the orders in the metadata workspace (without room for them: the prep kernel zeroes everything). Unit 0 is
   // zeroed here: one pair, or in deterministic launch groups the largest G the launch can take.
   const int pairs = p.K * p.B;
-  const bool zero_ahead = !T::kPersist && p.meta_capacity >= ml.end;
+  const bool zero_ahead = !T::kPersist && p.meta_capacity >= ml.unseen;
   int unit0_pairs = 1;
   if constexpr (T::kDetGroups) {
     if (p.deterministic) unit0_pairs = std::min(pairs, kDetGroupPairs);

@@ -8,7 +8,10 @@ namespace jfm::sm90 {
 // rowstats[0] = lse * log2(e) (+inf for fully masked and padded rows), rowstats[1] =
 // rowsum(dO * O) - dlse (0 on padded rows); both [B, N, sq_pad]. Also zeroes
 // dq_accum[0, dq_zero_floats) (the fp32 dQ accumulator; same stream, before the main kernel).
-cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats, cudaStream_t stream);
+// tile_flags (may be null): [B, N, sq_pad / block_m], zeroed before; set to 1 for every query
+// tile of block_m rows that holds a fully masked row (lse = -inf; its D is 0).
+cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats, int32_t* tile_flags,
+                          int block_m, cudaStream_t stream);
 // Persistent scheduler pre-pass (one CTA): sched[0] = 0 (the item counter) and sched[4 + r] = key
 // block of rank r: descending query-tile count summed over (batch, mask head), ties ascending
 // (descending key block when `deterministic`; ascending when nblk exceeds the pre-pass's smem).

@@ -13,6 +13,7 @@
 #include "primitives.cuh"
 #include "softmax.cuh"
 #include "traits.h"
+#include "unseen.cuh"
 
 namespace jfm::sm90 {
 
@@ -82,12 +83,82 @@ __device__ __forceinline__ auto bwd_q_do_views(TmaQ const& tma_q, TmaQ const& tm
 }
 template <int Bm, class Storage>
 __device__ __forceinline__ void bwd_load_rowstats(BwdArgs const& a, Storage& ss, int b, int h,
-                                                  int m, int stage) {
+                                                  int m, int stage, uint64_t* bar = nullptr) {
   const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.x.rs[stage][0][0],
-                           Bm * (int)sizeof(float));
-  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.x.rs[stage][1][0],
-                           Bm * (int)sizeof(float));
+  if (bar == nullptr) bar = &ss.full[stage];
+  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, bar, &ss.x.rs[stage][0][0], Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.delta + roff, bar, &ss.x.rs[stage][1][0], Bm * (int)sizeof(float));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Masked positions (unseen.cuh), the producer lane's side; ss.aux_uses counts the phases of
+// ss.aux (kept in shared memory: the producer has 24 registers).
+__device__ __forceinline__ uint32_t bwd_aux_parity_and_count(uint32_t* uses) {
+  volatile uint32_t* u = uses;
+  const uint32_t x = *u;
+  *u = x + 1u;
+  return x & 1u;
+}
+// K and V of key block n where bwd_unseen_any said the kv group may leave columns unseen: where
+// it does (bwd_unseen_words), they land on `aux`, the lane zeroes those rows, fences and completes
+// kv_full's phase with its one arrival; else bwd_load_kv.
+template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
+__device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const& tma_k,
+                                                   TmaK const& tma_v, MK const& mK, MK const& mV,
+                                                   SK& sK, SK& sV, Storage& ss, int hk, int b,
+                                                   int n) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  uint32_t w[4];
+  if (!bwd_unseen_words(a.unseen, a.Hm, a.nblk, a.heads_per_kv, a.heads_per_mask, b, hk, n, w)) {
+    bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+    return;
+  }
+  Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+  Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
+  auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                  group_modes<0, 2>(gK));
+  auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                  group_modes<0, 2>(gV));
+  const uint32_t par = bwd_aux_parity_and_count(&ss.aux_uses);
+  Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bn * D * sizeof(Elem));
+  copy(tma_k.with(ss.aux), tKg, tKs);
+  copy(tma_v.with(ss.aux), tVg, tVs);
+  Barrier::wait(&ss.aux, par);
+  zero_tile_rows_lane<Bn, D>(sK, w);
+  zero_tile_rows_lane<Bn, D>(sV, w);
+  fence_generic_to_async_shared();
+  cutlass::arch::ClusterBarrier::arrive(&ss.kv_full);
+}
+// A Q / dO tile with fully masked rows (tile flag set): Q, dO and the row statistics (lse2 to
+// smem `rs_lse2`, D to `rs_delta`) land on `aux`; the rows whose lse2 is +inf get zero Q and dO;
+// then the lane fences and completes the stage's `full` phase with its one arrival.
+template <int Bm, int D, class TmaQ, class TQg, class TQs, class SQ, class Storage>
+__device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ const& tma_q,
+                                                     TmaQ const& tma_do, TQg const& tQg, TQs& tQs,
+                                                     TQg const& tdOg, TQs& tdOs, SQ& sQ, SQ& sdO,
+                                                     Storage& ss, float* rs_lse2, float* rs_delta,
+                                                     int b, int h, int m, int stage) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using Elem = typename SQ::value_type;
+  const uint32_t par = bwd_aux_parity_and_count(&ss.aux_uses);
+  Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+  copy(tma_q.with(ss.aux), tQg(_, m), tQs(_, stage));
+  copy(tma_do.with(ss.aux), tdOg(_, m), tdOs(_, stage));
+  const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.aux, rs_lse2, Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.aux, rs_delta, Bm * (int)sizeof(float));
+  Barrier::wait(&ss.aux, par);
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+  CUTE_UNROLL
+  for (int q = 0; q < 4; ++q) {
+    CUTE_UNROLL
+    for (int r = 0; r < 32; ++r)
+      if (32 * q + r < Bm && rs_lse2[32 * q + r] == INFINITY) w[q] |= 1u << r;
+  }
+  zero_tile_rows_lane<Bm, D>(sQ(_, _, stage), w);
+  zero_tile_rows_lane<Bm, D>(sdO(_, _, stage), w);
+  fence_generic_to_async_shared();
+  cutlass::arch::ClusterBarrier::arrive(&ss.full[stage]);
 }
 
 // Turn of consumer warpgroup wg to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup

@@ -72,6 +72,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         EmptyBarrier::init(&ss.bits_full[s], T::kBuilders);
       }
     }
+    Barrier::init(&ss.aux, 1);
+    ss.aux_uses = 0u;
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -109,9 +111,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
+          // lane i < 4 loads word i of the block's unseen columns, in flight under the K stage's
+          // wait and copy (only partial blocks can hold any; testing `partial` here as well
+          // cost a spilled register in this loop)
+          uint32_t uw = 0u;
+          if (lane < 4)
+            uw = (uint32_t)__ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * n + lane);
           if (lane == 0) {
             fwd_load_kv<T>(a, ss, tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, wr, n,
-                           partial, bnd, tile.b * a.Hm + hm, ms);
+                           partial, bnd, tile.b * a.Hm + hm, ms, false);
+          }
+          if (__any_sync(0xffffffffu, uw != 0u)) {
+            fwd_load_v_zeroed<T>(ss, tma_v, tVgV, tVsV, sV, wr, n, uw, lane);
+          } else if (lane == 0) {
+            pipe_v.producer_acquire(wr);
+            copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
           }
           ++wr;
         }
@@ -363,7 +377,16 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     if (err) *err = "flashmask sm90 forward: metadata workspace too small";
     return cudaErrorInvalidValue;
   }
-  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream);
+  // Unseen columns (unseen.cuh): words laid out as the block metadata at the end of the workspace,
+  // after the tile counter's 32 words and (GroupScan) the group metadata's as many again
+  // (ForwardConfig.workspace_words).
+  const int64_t unseen_off = (GroupScan ? 2 : 1) * (meta_elems + 32);
+  if (p.meta_capacity < unseen_off + meta_elems || unseen_off > INT32_MAX) {
+    if (err) *err = "flashmask sm90 forward: metadata workspace too small for the unseen columns";
+    return cudaErrorInvalidValue;
+  }
+  uint32_t* unseen = reinterpret_cast<uint32_t*>(p.meta + unseen_off);
+  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream, p.Sq, unseen);
   if (e != cudaSuccess) return e;
   // Group metadata (32 key blocks per group) at meta + group_meta: for (b, hm) at the
   // offset of its block metadata, int4 {LTSmax, LTEmin, UTSmax, UTEmin} per group (group_meta_sm90).
@@ -419,6 +442,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   a.tile_counter = p.meta + meta_elems;
   a.tile_overlap = 0;  // the kernel's tile-boundary overlap stays off in every configuration
   a.group_meta = group_meta;
+  a.unseen_off = (int)unseen_off;
 
   auto kernel = &flashmask_fwd_kernel<T, decltype(tma_q), decltype(tma_k), decltype(tma_v)>;
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

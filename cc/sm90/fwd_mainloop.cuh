@@ -19,6 +19,7 @@
 #include "softmax.cuh"
 #include "tile_scheduler.cuh"
 #include "traits.h"
+#include "unseen.cuh"
 
 namespace jfm::sm90 {
 
@@ -40,7 +41,8 @@ __device__ __forceinline__ const int32_t* fwd_bounds(const KArgs& a, int b, int 
 // of the Q ring (q_full). fwd_load_kv: K and V of kept key block n into the ring's stage wr; a
 // partial block's four bound vectors are bulk-copied beside its K stage (smem_bounds), or with
 // kMaskBits the block is posted as the stage's job for the mask builders ({n, partial, b * Hm +
-// hm, first query row}). The TMA views come from fwd_tma_views.
+// hm, first query row}). The TMA views come from fwd_tma_views. load_v = false: V is left to
+// fwd_load_v_zeroed (the block holds unseen columns).
 template <class T, class TmaQ, class TmaK, class TmaV, class MQ, class MK, class MV, class SQ,
           class SK, class SV>
 __device__ __forceinline__ auto fwd_tma_views(TmaQ const& tma_q, TmaK const& tma_k,
@@ -72,7 +74,7 @@ __device__ __forceinline__ void fwd_load_kv(const KArgs& a, typename T::SharedSt
                                             TKs& tKsK, TVg const& tVgV, TVs& tVsV,
                                             Pipeline& pipe_k, Pipeline& pipe_v, State const& wr,
                                             int n, bool partial, const int32_t* bnd, int bhm,
-                                            int ms) {
+                                            int ms, bool load_v = true) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   constexpr int Bn = T::Bn;
@@ -94,8 +96,41 @@ __device__ __forceinline__ void fwd_load_kv(const KArgs& a, typename T::SharedSt
     asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
     EmptyBarrier::arrive(&ss.job_full[wr.index()]);
   }
+  if (!load_v) return;
   pipe_v.producer_acquire(wr);
   copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
+}
+
+// Producer warp 0 (all lanes), a key block with unseen columns (unseen.cuh; fwd_load_kv ran with
+// load_v = false): V of stage wr lands on `aux`, the warp zeroes the rows of the unseen columns
+// (`words`: bit c = column n * Bn + c) and lane 0 completes the V stage's full phase with its one
+// arrival (no transaction bytes). The parity of `aux` lives in shared memory (ss.aux_uses), not
+// in a register of the producer's loop (at 56 registers one more spilled into every block's path).
+template <class T, class TmaV, class TVg, class TVs, class SV, class State>
+__device__ __forceinline__ void fwd_load_v_zeroed(typename T::SharedStorage& ss, TmaV const& tma_v,
+                                                  TVg const& tVgV, TVs& tVsV, SV& sV,
+                                                  State const& wr, int n, uint32_t uw, int lane) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  using EmptyBarrier = cutlass::arch::ClusterBarrier;
+  const uint32_t words[4] = {__shfl_sync(0xffffffffu, uw, 0), __shfl_sync(0xffffffffu, uw, 1),
+                             __shfl_sync(0xffffffffu, uw, 2), __shfl_sync(0xffffffffu, uw, 3)};
+  const uint32_t uses = *reinterpret_cast<volatile uint32_t*>(&ss.aux_uses);
+  const uint32_t aux_phase = uses & 1u;
+  __syncwarp();
+  if (lane == 0) {
+    *reinterpret_cast<volatile uint32_t*>(&ss.aux_uses) = uses + 1u;
+    EmptyBarrier::wait(reinterpret_cast<uint64_t*>(&ss.pipe_v.empty_barrier_[wr.index()]),
+                       wr.phase());
+    Barrier::arrive_and_expect_tx(&ss.aux, T::Bn * T::D * sizeof(typename T::Elem));
+    copy(tma_v.with(ss.aux), tVgV(_, n), tVsV(_, wr.index()));
+  }
+  __syncwarp();
+  Barrier::wait(&ss.aux, aux_phase);
+  zero_tile_rows<T::Bn, T::D>(sV(_, _, wr.index()), words, lane, 32);
+  fence_generic_to_async_shared();
+  __syncwarp();
+  if (lane == 0)
+    EmptyBarrier::arrive(reinterpret_cast<uint64_t*>(&ss.pipe_v.full_barrier_[wr.index()]));
 }
 
 // kMaskBits, producer lane 0 after the last tile: the builders' stop job (in the next stage, once

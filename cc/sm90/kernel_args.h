@@ -30,6 +30,10 @@ struct KArgs {
   // Soft-cap kernels (T::kSoftCap): scores become tanh(S * softcap_prescale) with softcap_prescale
   // = scale / cap, and scale_log2 = cap * log2(e) scales them in the softmax.
   float softcap_prescale;
+  // Unseen key columns (unseen.cuh): offset in int32 elements from the block metadata of (b, hm)
+  // to its unseen words (block_meta_sm90: 4 per key block, one bit per column masked for every
+  // query row); the producer zeroes those V rows of the blocks that hold any.
+  int unseen_off;
 };
 
 struct BwdArgs {
@@ -78,6 +82,11 @@ struct BwdArgs {
   // scale_log2 = cap * log2(e); softcap_inv_sl2 = 1 / scale_log2 recovers the tanh from P for
   // dS's factor 1 - tanh^2.
   float softcap_prescale, softcap_inv_sl2;
+  // Masked positions (unseen.cuh): unseen = the words of block_meta_sm90 (laid out as `meta`) (K / V rows
+  // zeroed once per CTA where the kv group leaves a column unseen); tile_flags = [B, N, mblk], 1
+  // where the query tile holds a fully masked row (set by the prep kernel: its Q / dO rows zeroed).
+  const uint32_t* unseen;
+  const int32_t* tile_flags;
 };
 
 }  // namespace jfm::sm90

@@ -108,6 +108,8 @@ struct FwdTraits {
     alignas(8) uint64_t q_full[QStages];   // Q tile landed (TMA transaction barrier)
     alignas(8) uint64_t q_empty[QStages];  // consumers finished reading Q (and tile_id) of the slot
     alignas(8) uint64_t sched[QStages];    // tile_id of the slot published by the producer
+    alignas(8) uint64_t aux;               // V of a block with unseen columns (unseen.cuh)
+    uint32_t aux_uses;                     // phases of aux so far (its parity: the next one)
     int tile_id[QStages];                  // query tile of the slot, -1 = no more tiles
   };
 };
@@ -320,6 +322,8 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
     alignas(8) uint64_t dq_full[kDqBufs];  // dQ tile stored by the consumers
     alignas(8) uint64_t dq_empty[kDqBufs]; // dQ tile read by its bulk reduce
     alignas(8) uint64_t kv_full;       // K + V landed
+    alignas(8) uint64_t aux;           // tiles with masked rows to zero (unseen.cuh)
+    uint32_t aux_uses;                 // phases of aux so far (its parity: the next one)
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
     Extra x;
     int walk_start;                    // 80-row kernels: the clocked walk's first tile, -1: ascending
@@ -457,6 +461,8 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
     alignas(8) uint64_t pds_full[kPdsBufs];   // P^T / dS^T slices of both warpgroups stored
     alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
     alignas(8) uint64_t kv_full;              // K + V landed
+    alignas(8) uint64_t aux;                  // tiles with masked rows to zero (unseen.cuh)
+    uint32_t aux_uses;                        // phases of aux so far (its parity: the next one)
   };
 };
 

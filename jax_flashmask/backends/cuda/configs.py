@@ -60,11 +60,12 @@ class ForwardConfig:
 
     def workspace_words(self, B: int, Hm: int, Sk: int) -> int:
         """int32 words of the forward's workspace: the block metadata [B, Hm, 8, nblk], the tile
-        counter (padded to 32 words: the group metadata after it is 16-byte aligned), and with
-        group_walk the group metadata (as much again)."""
+        counter (padded to 32 words: the group metadata after it is 16-byte aligned), with
+        group_walk the group metadata (as much again), then the unseen-column words laid out as
+        the block metadata (cc/sm90/unseen.cuh)."""
         nblk = -(-Sk // self.block_n)
         ws = B * Hm * 8 * nblk + 32
-        return 2 * ws if self.group_walk else ws
+        return (2 * ws if self.group_walk else ws) + B * Hm * 8 * nblk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +98,17 @@ class BackwardConfig:
             ("persistent", self.persistent), ("regs", self.mask_regs), ("lockstep", self.lockstep),
             ("detgroups", self.det_launch_groups), ("softcap", self.soft_cap)) if on)
 
-    def meta_words(self, B: int, Hm: int, K: int, Sk: int) -> int:
-        """int32 words of the metadata workspace, in bwd_kernel.cuh's bwd_meta_layout order: the
+    def meta_words(self, B: int, Hm: int, K: int, Sk: int, N: int, Sq: int) -> int:
+        """int32 words of the metadata workspace, in bwd_host.cuh's bwd_meta_layout order: the
         block metadata [B, Hm, 8, nblk]; the scheduler area (counter, launch group size, order
         flag, spare, then the persistent kernel's key-block order [nblk]); the deterministic
-        key-block orders [B, Hm, nblk]; the look-ahead zeroing's counters [K * B]."""
+        key-block orders [B, Hm, nblk]; the look-ahead zeroing's counters [K * B]; the
+        unseen-column words laid out as the block metadata [B, Hm, 8 * nblk]; the query tiles'
+        empty-row flags [B, N, ceil(Sq / block_m)] (cc/sm90/unseen.cuh)."""
         nblk = -(-Sk // self.block_n)
-        return B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B
+        mblk = -(-Sq // self.block_m)
+        return (B * Hm * 8 * nblk + 4 + nblk + B * Hm * nblk + K * B + B * Hm * 8 * nblk
+                + B * N * mblk)
 
     def workspace_shapes(self, B: int, Sq: int, Sk: int, N: int, K: int, Hm: int,
                          deterministic: bool) -> dict:
@@ -115,7 +120,7 @@ class BackwardConfig:
         nblk = -(-Sk // self.block_n)
         sem = (B, N, sq_pad // self.block_m, -(-nblk // 32)) if deterministic else (1,)
         return {"dq_accum": (B, N, sq_pad, self.head_dim), "rowstats": (2, B, N, sq_pad),
-                "meta": (self.meta_words(B, Hm, K, Sk),), "dq_sem": sem}
+                "meta": (self.meta_words(B, Hm, K, Sk, N, Sq),), "dq_sem": sem}
 
 
 # ------------------------------------------------------------------ what is compiled (one list)
