@@ -56,12 +56,17 @@ def json_rows(path):
     return rows, emit
 
 
-def timing_suite(S: int, B: int, window: int | None = None) -> dict:
+def timing_suite(S: int, B: int, window: int | None = None, pad: int | None = None) -> dict:
     """The twelve masks at S (`masks.benchmark_suite(S, 0)`, batch B); `window` replaces the
-    sliding window's S / 16."""
+    sliding window's S / 16. Also "causal_padding": causal with the last `pad` positions (default
+    S / 16) padding (segment id -1): fully masked query rows and key columns no row reads, the
+    positions the kernels zero in shared memory (docs/decisions.md#nan-guarantee-cuda)."""
     suite = masks.benchmark_suite(S, 0, batch=B)
     if window is not None:
         suite["sliding_window"] = masks.sliding_window(S, window, batch=B)
+    p = S // 16 if pad is None else pad
+    seg = np.concatenate([np.zeros(S - p, np.int32), -np.ones(p, np.int32)])
+    suite["causal_padding"] = masks.from_segment_ids(seg, causal=True)
     return suite
 
 
@@ -105,6 +110,8 @@ def main():
                     help="the logits soft cap given to the soft-cap configs (others get none)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--window", type=int, default=None, help="sliding_window's width (default S / 16)")
+    ap.add_argument("--pad", type=int, default=None,
+                    help="causal_padding's trailing padding positions (default S / 16)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dtype = jnp.dtype(a.dtype)
@@ -120,7 +127,7 @@ def main():
         k = jax.random.normal(kk, (B, S, H, d), dtype)
         v = jax.random.normal(kv, (B, S, H, d), dtype)
         do = jax.random.normal(kd, (B, S, H, d), dtype) if a.bwd else None
-        suite = timing_suite(S, B, a.window)
+        suite = timing_suite(S, B, a.window, a.pad)
         for name in a.masks:
             m = suite[name]
             bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
