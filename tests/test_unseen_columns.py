@@ -80,8 +80,14 @@ def test_source_holds_the_modelled_predicate():
                  "if (lane == 0) unseen[((int64_t)b * Hm + hm) * 8 * nblk + 4 * n + warp] = bits;"):
         assert expr in src, expr
     unseen = (SM90 / "unseen.cuh").read_text()
-    assert "const uint32_t* p = unseen + ((int64_t)b * Hm + hm) * 8 * nblk + 4 * n;" in unseen
-    assert "const int r = 32 * q + __ffs(w) - 1;" in unseen
+    assert "const uint32_t* p = unseen + ((int64_t)b * Hm + hm0) * 8 * nblk + 4 * n;" in unseen
+    assert "if ((__ldg(words + (r >> 5)) >> (r & 31)) & 1u) {" in unseen  # forward: bit r = row r
+    fwd = (SM90 / "fwd_kernel.cuh").read_text()
+    assert "__ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * nblk) != 0;" in fwd  # any
+    assert "a.unseen_off + 4 * n)," in fwd  # the block's words
+    bwd = (SM90 / "bwd_mainloop.cuh").read_text()
+    assert "const uint32_t* w0 = a.unseen + ((int64_t)b * a.Hm + hm0) * 8 * a.nblk + 4 * n;" in bwd
+    assert "z = (__ldg(w0 + (int64_t)(hm - hm0) * 8 * a.nblk + (r >> 5)) >> (r & 31)) & 1u;" in bwd
 
 
 @pytest.mark.parametrize("S", [1000, 1283])
@@ -123,8 +129,8 @@ def test_random_masks_every_mode(sq, sk, causal, D):
 
 
 def test_kv_group_words_are_the_and_of_its_mask_heads():
-    """unseen.cuh bwd_unseen_words: a kv head's CTA zeroes a K / V row only where every mask head
-    its query heads use leaves the column unseen (per-head masks, GQA)."""
+    """bwd_mainloop.cuh bwd_load_kv_zeroed: a kv head's CTA zeroes a K / V row only where every
+    mask head its query heads use leaves the column unseen (per-head masks, GQA)."""
     rng = np.random.default_rng(5)
     sq, sk, N, K, bn = 150, 260, 8, 2, 128
     raw = _random_raw(rng, 1, N, sk, sq, False, 4)

@@ -32,12 +32,15 @@ __device__ __forceinline__ bool column_unseen(int lts, int lte, int uts, int ute
 
 // grid: (nblk, Hm, B); block: 128 threads. Each thread strides over the block's columns.
 // unseen (may be null; else bn <= 128): per (b, hm) at the offset of its block metadata, 4 words per
-// block n at 4 * n (half of the 8 * nblk), bit c % 32 of word c / 32 = column n * bn + c is unseen. zero / nzero: int32 words stored 0 on the way (the
-// backward's per-tile empty-row flags, set later in stream order by the prep kernel).
+// block n at 4 * n (half of the 8 * nblk), bit c % 32 of word c / 32 = column n * bn + c is
+// unseen; with unseen_any, word 4 * nblk of (b, hm) (zeroed before) is set to 1 where any of its
+// blocks has an unseen column. zero / nzero: int32 words stored 0 on the way (the backward's
+// per-tile empty-row flags, set later in stream order by the prep kernel).
 __global__ void __launch_bounds__(kMetaThreads) block_meta_kernel(const int32_t* __restrict__ bounds,
                                                                   int32_t* __restrict__ meta, int Hm,
                                                                   int Sk, int bn, int nblk, int Sq,
                                                                   uint32_t* __restrict__ unseen,
+                                                                  int unseen_any,
                                                                   int32_t* __restrict__ zero,
                                                                   int64_t nzero) {
   const int n = blockIdx.x, hm = blockIdx.y, b = blockIdx.z;
@@ -69,6 +72,8 @@ __global__ void __launch_bounds__(kMetaThreads) block_meta_kernel(const int32_t*
                         __ldg(base + 3 * (int64_t)Sk + c), Sq);
     const unsigned bits = __ballot_sync(0xffffffffu, u);
     if (lane == 0) unseen[((int64_t)b * Hm + hm) * 8 * nblk + 4 * n + warp] = bits;
+    if (unseen_any && lane == 0 && bits != 0u)
+      atomicOr(unseen + ((int64_t)b * Hm + hm) * 8 * nblk + 4 * nblk, 1u);
   }
 #pragma unroll
   for (int v = 0; v < 4; ++v) {
@@ -114,7 +119,7 @@ cudaError_t group_meta_sm90(const int32_t* meta, int32_t* gmeta, int B, int Hm, 
 
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
                             cudaStream_t stream, int Sq, uint32_t* unseen, int32_t* zero,
-                            int64_t nzero) {
+                            int64_t nzero, bool unseen_any) {
   const int nblk = (Sk + bn - 1) / bn;
   if (unseen != nullptr && bn > kMetaThreads) return cudaErrorInvalidValue;
   if (B == 0 || Hm == 0 || nblk == 0) {
@@ -123,7 +128,7 @@ cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm,
   }
   dim3 grid(nblk, Hm, B);
   block_meta_kernel<<<grid, kMetaThreads, 0, stream>>>(bounds, meta, Hm, Sk, bn, nblk, Sq, unseen,
-                                                       zero, nzero);
+                                                       unseen_any ? 1 : 0, zero, nzero);
   return cudaGetLastError();
 }
 

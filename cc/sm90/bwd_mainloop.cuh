@@ -99,20 +99,16 @@ __device__ __forceinline__ uint32_t bwd_aux_parity_and_count(uint32_t* uses) {
   *u = x + 1u;
   return x & 1u;
 }
-// K and V of key block n where bwd_unseen_any said the kv group may leave columns unseen: where
-// it does (bwd_unseen_words), they land on `aux`, the lane zeroes those rows, fences and completes
-// kv_full's phase with its one arrival; else bwd_load_kv.
+// K and V of key block n where bwd_unseen_any said the kv group may leave columns unseen: they land
+// on `aux`; the lane zeroes the rows of the columns that every mask head of the group's query heads
+// leaves unseen (the words of block_meta_sm90, ANDed per row), fences and completes kv_full's phase
+// with its one arrival. Row by row and not unrolled: a cold path on the producer's 24 registers.
 template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
 __device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const& tma_k,
                                                    TmaK const& tma_v, MK const& mK, MK const& mV,
                                                    SK& sK, SK& sV, Storage& ss, int hk, int b,
                                                    int n) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  uint32_t w[4];
-  if (!bwd_unseen_words(a.unseen, a.Hm, a.nblk, a.heads_per_kv, a.heads_per_mask, b, hk, n, w)) {
-    bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
-    return;
-  }
   Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
   Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
   auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -123,9 +119,27 @@ __device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const&
   Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bn * D * sizeof(Elem));
   copy(tma_k.with(ss.aux), tKg, tKs);
   copy(tma_v.with(ss.aux), tVg, tVs);
+  const int hm0 = hk * a.heads_per_kv / a.heads_per_mask;
+  const int hm1 = (hk * a.heads_per_kv + a.heads_per_kv - 1) / a.heads_per_mask;
+  const uint32_t* w0 = a.unseen + ((int64_t)b * a.Hm + hm0) * 8 * a.nblk + 4 * n;
   Barrier::wait(&ss.aux, par);
-  zero_tile_rows_lane<Bn, D>(sK, w);
-  zero_tile_rows_lane<Bn, D>(sV, w);
+#pragma unroll 1
+  for (int r = 0; r < Bn; ++r) {
+    bool z = true;
+#pragma unroll 1
+    for (int hm = hm0; hm <= hm1 && z; ++hm)
+      z = (__ldg(w0 + (int64_t)(hm - hm0) * 8 * a.nblk + (r >> 5)) >> (r & 31)) & 1u;
+    if (z) {
+#pragma unroll 1
+      for (int c = 0; c < D / 8; ++c) {
+        const uint32_t ak = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sK(r, 8 * c)));
+        const uint32_t av = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sV(r, 8 * c)));
+        asm volatile("st.shared.v4.b32 [%0], {%2, %2, %2, %2};\n"
+                     "st.shared.v4.b32 [%1], {%2, %2, %2, %2};\n" ::"r"(ak), "r"(av), "r"(0)
+                     : "memory");
+      }
+    }
+  }
   fence_generic_to_async_shared();
   cutlass::arch::ClusterBarrier::arrive(&ss.kv_full);
 }
@@ -148,15 +162,20 @@ __device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ cons
   SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.aux, rs_lse2, Bm * (int)sizeof(float));
   SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.aux, rs_delta, Bm * (int)sizeof(float));
   Barrier::wait(&ss.aux, par);
-  uint32_t w[4] = {0u, 0u, 0u, 0u};
-  CUTE_UNROLL
-  for (int q = 0; q < 4; ++q) {
-    CUTE_UNROLL
-    for (int r = 0; r < 32; ++r)
-      if (32 * q + r < Bm && rs_lse2[32 * q + r] == INFINITY) w[q] |= 1u << r;
+  // row by row, not unrolled (a cold path on the producer's 24 registers)
+#pragma unroll 1
+  for (int r = 0; r < Bm; ++r) {
+    if (rs_lse2[r] == INFINITY) {
+#pragma unroll 1
+      for (int c = 0; c < D / 8; ++c) {
+        const uint32_t aq = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sQ(r, 8 * c, stage)));
+        const uint32_t ad = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdO(r, 8 * c, stage)));
+        asm volatile("st.shared.v4.b32 [%0], {%2, %2, %2, %2};\n"
+                     "st.shared.v4.b32 [%1], {%2, %2, %2, %2};\n" ::"r"(aq), "r"(ad), "r"(0)
+                     : "memory");
+      }
+    }
   }
-  zero_tile_rows_lane<Bm, D>(sQ(_, _, stage), w);
-  zero_tile_rows_lane<Bm, D>(sdO(_, _, stage), w);
   fence_generic_to_async_shared();
   cutlass::arch::ClusterBarrier::arrive(&ss.full[stage]);
 }

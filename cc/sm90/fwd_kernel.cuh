@@ -106,23 +106,29 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, tile.m_blk, tile.h, hk, tile.b);
         if (lane == 0) fwd_load_q<T>(ss, tma_q, tQgQ, tQsQ, slot);
         const int32_t* bnd = fwd_bounds(a, tile.b, hm);
+        // any unseen column under mask head hm (block_meta_sm90's per-(b, hm) flag): only then
+        // does the block loop read the blocks' words
+        const bool tile_unseen =
+            __ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * nblk) != 0;
         FwdKeptBlocks<T> blocks(fwd_block_meta(a, tile.b, hm), nblk, ms, me, a.Sk, lane,
                                 a.group_meta, sched.reversed(t));
         while (blocks.has_next()) {
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
-          // lane i < 4 loads word i of the block's unseen columns, in flight under the K stage's
-          // wait and copy (only partial blocks can hold any; testing `partial` here as well
-          // cost a spilled register in this loop)
-          uint32_t uw = 0u;
-          if (lane < 4)
-            uw = (uint32_t)__ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * n + lane);
           if (lane == 0) {
             fwd_load_kv<T>(a, ss, tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, wr, n,
                            partial, bnd, tile.b * a.Hm + hm, ms, false);
           }
-          if (__any_sync(0xffffffffu, uw != 0u)) {
-            fwd_load_v_zeroed<T>(ss, tma_v, tVgV, tVsV, sV, wr, n, uw, lane);
+          // with tile_unseen, lane i < 4 loads word i of the block's unseen columns (issued after
+          // the K copy: live across it, the word spilled the walk's state in this loop)
+          uint32_t uw = 0u;
+          if (tile_unseen && lane < 4)
+            uw = (uint32_t)__ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * n + lane);
+          if (tile_unseen && __any_sync(0xffffffffu, uw != 0u)) {
+            fwd_load_v_zeroed<T>(ss, tma_v, tVgV, tVsV, sV, wr, n,
+                                 reinterpret_cast<const uint32_t*>(fwd_block_meta(a, tile.b, hm) +
+                                                                   a.unseen_off + 4 * n),
+                                 lane);
           } else if (lane == 0) {
             pipe_v.producer_acquire(wr);
             copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
@@ -386,7 +392,14 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
     return cudaErrorInvalidValue;
   }
   uint32_t* unseen = reinterpret_cast<uint32_t*>(p.meta + unseen_off);
-  cudaError_t e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream, p.Sq, unseen);
+  // one memset for the tile counter (reset per call, no host sync) and everything after it: the
+  // unseen words' per-(b, hm) "any" flags start at 0 (the group metadata, written below, rides
+  // along)
+  // ([meta_elems, unseen_off + meta_elems): unseen_off words)
+  cudaError_t e = cudaMemsetAsync(p.meta + meta_elems, 0, sizeof(int32_t) * (size_t)unseen_off,
+                                  stream);
+  if (e != cudaSuccess) return e;
+  e = block_meta_sm90(p.bounds, p.meta, p.B, p.Hm, p.Sk, Bn, stream, p.Sq, unseen, nullptr, 0, true);
   if (e != cudaSuccess) return e;
   // Group metadata (32 key blocks per group) at meta + group_meta: for (b, hm) at the
   // offset of its block metadata, int4 {LTSmax, LTEmin, UTSmax, UTEmin} per group (group_meta_sm90).
@@ -458,8 +471,6 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, const char** err
   const int ctas = std::max(1, sms - std::max(0, p.sm_margin));
   // paired tiles: one claim = two tiles
   const int grid = (int)std::min<int64_t>(Paired ? (total_tiles + 1) / 2 : total_tiles, ctas);
-  e = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);  // reset per call, no host sync
-  if (e != cudaSuccess) return e;
   kernel<<<grid, T::kThreads, smem, stream>>>(a, tma_q, tma_k, tma_v);
   return cudaGetLastError();
 }

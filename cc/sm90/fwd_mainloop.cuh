@@ -103,17 +103,18 @@ __device__ __forceinline__ void fwd_load_kv(const KArgs& a, typename T::SharedSt
 
 // Producer warp 0 (all lanes), a key block with unseen columns (unseen.cuh; fwd_load_kv ran with
 // load_v = false): V of stage wr lands on `aux`, the warp zeroes the rows of the unseen columns
-// (`words`: bit c = column n * Bn + c) and lane 0 completes the V stage's full phase with its one
-// arrival (no transaction bytes). The parity of `aux` lives in shared memory (ss.aux_uses), not
-// in a register of the producer's loop (at 56 registers one more spilled into every block's path).
+// (`words`, the block's 4 in global memory: bit c = column n * Bn + c; read there, not held in
+// registers: held, they spilled the walk's state) and lane 0 completes the V stage's full phase
+// with its one arrival (no transaction bytes). The parity of `aux` lives in shared memory
+// (ss.aux_uses), not in a register of the producer's loop (at 56 registers one more spilled
+// into every block's path).
 template <class T, class TmaV, class TVg, class TVs, class SV, class State>
 __device__ __forceinline__ void fwd_load_v_zeroed(typename T::SharedStorage& ss, TmaV const& tma_v,
                                                   TVg const& tVgV, TVs& tVsV, SV& sV,
-                                                  State const& wr, int n, uint32_t uw, int lane) {
+                                                  State const& wr, int n, const uint32_t* words,
+                                                  int lane) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
-  const uint32_t words[4] = {__shfl_sync(0xffffffffu, uw, 0), __shfl_sync(0xffffffffu, uw, 1),
-                             __shfl_sync(0xffffffffu, uw, 2), __shfl_sync(0xffffffffu, uw, 3)};
   const uint32_t uses = *reinterpret_cast<volatile uint32_t*>(&ss.aux_uses);
   const uint32_t aux_phase = uses & 1u;
   __syncwarp();

@@ -40,12 +40,13 @@ cudaError_t flashmask_fwd_sm90(const FwdParams& p, cudaStream_t stream, const ch
 // meta layout [B, Hm, 8, nblk]: LTSmin, LTSmax, LTEmin, LTEmax, UTSmin, UTSmax, UTEmin, UTEmax.
 // unseen (optional, needs bn <= 128): uint32 laid out as meta ([B, Hm, 8 * nblk] words, of which
 // (b, hm)'s block n uses the 4 at 4 * n), bit c % 32 of word c / 32 set iff column n * bn + c is
-// masked for every one of the Sq rows (the kernels zero those K / V rows in
-// shared memory: docs/decisions.md#nan-guarantee-cuda). zero (optional): nzero int32 words set to
-// 0 by the same kernel.
+// masked for every one of the Sq rows (the kernels zero those K / V rows in shared memory:
+// docs/decisions.md#nan-guarantee-cuda); unseen_any: word 4 * nblk of each (b, hm), zeroed by the
+// caller, becomes 1 where any block of (b, hm) has an unseen column. zero (optional): nzero int32
+// words set to 0 by the same kernel.
 cudaError_t block_meta_sm90(const int32_t* bounds, int32_t* meta, int B, int Hm, int Sk, int bn,
                             cudaStream_t stream, int Sq = 0, uint32_t* unseen = nullptr,
-                            int32_t* zero = nullptr, int64_t nzero = 0);
+                            int32_t* zero = nullptr, int64_t nzero = 0, bool unseen_any = false);
 // Group metadata (the forward's group walk): per group g of 32 key blocks, int4 {LTSmax, LTEmin,
 // UTSmax, UTEmin} over the group's blocks of `meta`, at gmeta + (b * Hm + hm) * 8 * nblk + 4 * g
 // (gmeta 16-byte aligned; the (b, hm) offsets are those of meta's [B, Hm, 8, nblk] layout).

@@ -1,9 +1,11 @@
-// Masked positions that may hold NaN / Inf (README "Guarantees", docs/decisions.md#nan-guarantee-cuda):
-// the rows of a shared-memory tile that no product may see are overwritten with zeros before the
+// Masked positions that may hold NaN / Inf (README "Guarantees",
+// docs/decisions.md#nan-guarantee-cuda): the rows of a shared-memory tile that no product may see are overwritten with zeros before the
 // tile's consumers are released, on the tiles that hold such rows only.
 //  * unseen key columns (masked for every query row of their mask head): the V rows of a forward
-//    key block, the K and V rows of a backward CTA's key block; flagged per key block by
-//    block_meta_sm90's unseen words (one bit per column);
+//    key block, the K and V rows of a backward CTA's key block (columns unseen under every mask
+//    head of the kv group); flagged per key block by block_meta_sm90's unseen words (one bit per
+//    column), and in the forward first per (batch, mask head) by its "any" word, read once per
+//    query tile (fwd_kernel.cuh), so that masks without unseen columns read no block's words;
 //  * fully masked query rows (lse = -inf): the Q and dO rows of a backward query tile; flagged per
 //    (batch, head, tile) by the prep kernel (bwd_aux.cu), the rows read from the tile's lse2.
 // The producer stages such a tile onto the auxiliary barrier `aux` instead of the consumers' full
@@ -30,44 +32,26 @@ __device__ __forceinline__ void fence_generic_to_async_shared() {
 
 // Zeroes row r of the [R, D] smem tile `s` (2-D CuTe tensor, rows mode 0) for every set bit r of
 // words[r / 32], R <= 128; thread t of nt threads takes every nt-th 16-byte chunk of those rows.
+// The words are read from global memory at each chunk (L1 hits after the first) and the loop is
+// not unrolled: no state held in registers (the forward producer warp spilled its walk's state
+// with the words in registers and the loop unrolled).
 template <int R, int D, class STensor>
-__device__ __forceinline__ void zero_tile_rows(STensor&& s, const uint32_t (&words)[4], int t,
-                                               int nt) {
+__device__ __forceinline__ void zero_tile_rows(STensor&& s, const uint32_t* words, int t, int nt) {
   static_assert(R <= 128 && D % 8 == 0, "rows of whole 16-byte chunks, at most 128");
   constexpr int kChunks = D / 8;
+#pragma unroll 1
   for (int u = t; u < R * kChunks; u += nt) {
     const int r = u / kChunks, c = u % kChunks;
-    // (a select, not words[r >> 5]: a dynamic index puts the array in local memory)
-    const uint32_t w = r < 32 ? words[0] : r < 64 ? words[1] : r < 96 ? words[2] : words[3];
-    if ((w >> (r & 31)) & 1u) {
+    if ((__ldg(words + (r >> 5)) >> (r & 31)) & 1u) {
       const uint32_t addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&s(r, 8 * c)));
       asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
     }
   }
 }
 
-// zero_tile_rows for one thread: only the set rows are visited.
-template <int R, int D, class STensor>
-__device__ __forceinline__ void zero_tile_rows_lane(STensor&& s, const uint32_t (&words)[4]) {
-  static_assert(R <= 128 && D % 8 == 0, "rows of whole 16-byte chunks, at most 128");
-  CUTE_UNROLL
-  for (int q = 0; q < 4; ++q) {
-    uint32_t w = words[q];
-    while (w != 0u) {
-      const int r = 32 * q + __ffs(w) - 1;
-      w &= w - 1u;
-      if (r >= R) break;
-      CUTE_UNROLL
-      for (int c = 0; c < D / 8; ++c) {
-        const uint32_t addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&s(r, 8 * c)));
-        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-      }
-    }
-  }
-}
-
 // Whether key block n may hold columns that the kv group hk leaves unseen: any unseen column of
-// the group's first mask head (a necessary condition; bwd_unseen_words gives the exact columns).
+// the group's first mask head (a necessary condition; bwd_load_kv_zeroed tests each row against
+// every mask head).
 // `unseen`: block_meta_sm90's words (laid out as the block metadata, 4 per block).
 __device__ __forceinline__ bool bwd_unseen_any(const uint32_t* unseen, int Hm, int nblk,
                                                int heads_per_kv, int heads_per_mask, int b, int hk,
@@ -75,21 +59,6 @@ __device__ __forceinline__ bool bwd_unseen_any(const uint32_t* unseen, int Hm, i
   const int hm0 = hk * heads_per_kv / heads_per_mask;
   const uint32_t* p = unseen + ((int64_t)b * Hm + hm0) * 8 * nblk + 4 * n;
   return (__ldg(p) | __ldg(p + 1) | __ldg(p + 2) | __ldg(p + 3)) != 0u;
-}
-// The columns of key block n (4 x 32 bits) unseen under every mask head that the query heads of kv
-// head hk use (batch b); false when there are none.
-__device__ __forceinline__ bool bwd_unseen_words(const uint32_t* unseen, int Hm, int nblk,
-                                                 int heads_per_kv, int heads_per_mask, int b,
-                                                 int hk, int n, uint32_t (&w)[4]) {
-  const int hm0 = hk * heads_per_kv / heads_per_mask;
-  const int hm1 = (hk * heads_per_kv + heads_per_kv - 1) / heads_per_mask;
-  w[0] = w[1] = w[2] = w[3] = ~0u;
-  for (int hm = hm0; hm <= hm1; ++hm) {
-    const uint32_t* p = unseen + ((int64_t)b * Hm + hm) * 8 * nblk + 4 * n;
-    CUTE_UNROLL
-    for (int i = 0; i < 4; ++i) w[i] &= __ldg(p + i);
-  }
-  return (w[0] | w[1] | w[2] | w[3]) != 0u;
 }
 
 }  // namespace jfm::sm90
