@@ -81,7 +81,7 @@ def test_source_holds_the_modelled_predicate():
         assert expr in src, expr
     unseen = (SM90 / "unseen.cuh").read_text()
     assert "const uint32_t* p = unseen + ((int64_t)b * Hm + hm0) * 8 * nblk + 4 * n;" in unseen
-    assert "if ((__ldg(words + (r >> 5)) >> (r & 31)) & 1u) {" in unseen  # forward: bit r = row r
+    assert "if ((__ldg(words + (r >> 5)) >> (r & 31)) & 1u) st_shared_zero16(" in unseen  # bit r: row r
     fwd = (SM90 / "fwd_kernel.cuh").read_text()
     assert "__ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * nblk) != 0;" in fwd  # any
     assert "a.unseen_off + 4 * n)," in fwd  # the block's words

@@ -109,6 +109,7 @@ __device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const&
                                                    SK& sK, SK& sV, Storage& ss, int hk, int b,
                                                    int n) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  static_assert(sizeof(Elem) == 2, "sw128_chunk: 16-bit elements");
   Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
   Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
   auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -122,6 +123,8 @@ __device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const&
   const int hm0 = hk * a.heads_per_kv / a.heads_per_mask;
   const int hm1 = (hk * a.heads_per_kv + a.heads_per_kv - 1) / a.heads_per_mask;
   const uint32_t* w0 = a.unseen + ((int64_t)b * a.Hm + hm0) * 8 * a.nblk + 4 * n;
+  const uint32_t k0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sK(0, 0)));
+  const uint32_t v0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sV(0, 0)));
   Barrier::wait(&ss.aux, par);
 #pragma unroll 1
   for (int r = 0; r < Bn; ++r) {
@@ -130,13 +133,11 @@ __device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const&
     for (int hm = hm0; hm <= hm1 && z; ++hm)
       z = (__ldg(w0 + (int64_t)(hm - hm0) * 8 * a.nblk + (r >> 5)) >> (r & 31)) & 1u;
     if (z) {
-#pragma unroll 1
+#pragma unroll 4
       for (int c = 0; c < D / 8; ++c) {
-        const uint32_t ak = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sK(r, 8 * c)));
-        const uint32_t av = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sV(r, 8 * c)));
-        asm volatile("st.shared.v4.b32 [%0], {%2, %2, %2, %2};\n"
-                     "st.shared.v4.b32 [%1], {%2, %2, %2, %2};\n" ::"r"(ak), "r"(av), "r"(0)
-                     : "memory");
+        const uint32_t o = sw128_chunk<Bn>(r, c);
+        st_shared_zero16(k0 + o);
+        st_shared_zero16(v0 + o);
       }
     }
   }
@@ -154,6 +155,7 @@ __device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ cons
                                                      int b, int h, int m, int stage) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using Elem = typename SQ::value_type;
+  static_assert(sizeof(Elem) == 2, "sw128_chunk: 16-bit elements");
   const uint32_t par = bwd_aux_parity_and_count(&ss.aux_uses);
   Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
   copy(tma_q.with(ss.aux), tQg(_, m), tQs(_, stage));
@@ -161,18 +163,18 @@ __device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ cons
   const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
   SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.aux, rs_lse2, Bm * (int)sizeof(float));
   SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.aux, rs_delta, Bm * (int)sizeof(float));
+  const uint32_t q0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sQ(0, 0, stage)));
+  const uint32_t d0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdO(0, 0, stage)));
   Barrier::wait(&ss.aux, par);
-  // row by row, not unrolled (a cold path on the producer's 24 registers)
+  // row by row, lightly unrolled (a cold path on the producer's 24 registers)
 #pragma unroll 1
   for (int r = 0; r < Bm; ++r) {
     if (rs_lse2[r] == INFINITY) {
-#pragma unroll 1
+#pragma unroll 4
       for (int c = 0; c < D / 8; ++c) {
-        const uint32_t aq = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sQ(r, 8 * c, stage)));
-        const uint32_t ad = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdO(r, 8 * c, stage)));
-        asm volatile("st.shared.v4.b32 [%0], {%2, %2, %2, %2};\n"
-                     "st.shared.v4.b32 [%1], {%2, %2, %2, %2};\n" ::"r"(aq), "r"(ad), "r"(0)
-                     : "memory");
+        const uint32_t o = sw128_chunk<Bm>(r, c);
+        st_shared_zero16(q0 + o);
+        st_shared_zero16(d0 + o);
       }
     }
   }

@@ -30,6 +30,22 @@ __device__ __forceinline__ void fence_generic_to_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Byte offset, from a tile's first element, of chunk c (elements 8c .. 8c + 7) of row r in an
+// [R, D] tile of 16-bit elements laid out in K-major 128B-swizzle atoms (8 rows x 64 elements,
+// stacked along the rows first: tile_to_shape of traits.h) at a 1024-byte aligned address: the
+// atoms' 16-byte chunks XOR the row within the atom. Equal to CuTe's swizzled address of
+// &s(r, 8 c) minus &s(0, 0) for every (R, D) of the shipped tiles (host check at the branch's
+// introduction), in a handful of integer instructions instead of CuTe's generic-address rebuild.
+template <int R>
+__device__ __forceinline__ uint32_t sw128_chunk(int r, int c) {
+  static_assert(R % 8 == 0, "whole swizzle atoms");
+  return (uint32_t)((r >> 3) * 1024 + (c >> 3) * (R * 128) + (r & 7) * 128 +
+                    (((c & 7) ^ (r & 7)) << 4));
+}
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
 // Zeroes row r of the [R, D] smem tile `s` (2-D CuTe tensor, rows mode 0) for every set bit r of
 // words[r / 32], R <= 128; thread t of nt threads takes every nt-th 16-byte chunk of those rows.
 // The words are read from global memory at each chunk (L1 hits after the first) and the loop is
@@ -38,14 +54,13 @@ __device__ __forceinline__ void fence_generic_to_async_shared() {
 template <int R, int D, class STensor>
 __device__ __forceinline__ void zero_tile_rows(STensor&& s, const uint32_t* words, int t, int nt) {
   static_assert(R <= 128 && D % 8 == 0, "rows of whole 16-byte chunks, at most 128");
+  static_assert(sizeof(typename std::decay_t<STensor>::value_type) == 2, "16-bit elements");
   constexpr int kChunks = D / 8;
+  const uint32_t base = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&s(0, 0)));
 #pragma unroll 1
   for (int u = t; u < R * kChunks; u += nt) {
     const int r = u / kChunks, c = u % kChunks;
-    if ((__ldg(words + (r >> 5)) >> (r & 31)) & 1u) {
-      const uint32_t addr = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&s(r, 8 * c)));
-      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-    }
+    if ((__ldg(words + (r >> 5)) >> (r & 31)) & 1u) st_shared_zero16(base + sw128_chunk<R>(r, c));
   }
 }
 
