@@ -34,10 +34,11 @@ __device__ __forceinline__ void fence_generic_to_async_shared() {
 // [R, D] tile of 16-bit elements laid out in K-major 128B-swizzle atoms (8 rows x 64 elements,
 // stacked along the rows first: tile_to_shape of traits.h) at a 1024-byte aligned address: the
 // atoms' 16-byte chunks XOR the row within the atom. Equal to CuTe's swizzled address of
-// &s(r, 8 c) minus &s(0, 0) for every (R, D) of the shipped tiles (host check at the branch's
-// introduction), in a handful of integer instructions instead of CuTe's generic-address rebuild.
+// &s(r, 8 c) minus &s(0, 0) for every (R, D) of the shipped tiles (tests/test_sw128_chunk.py
+// compiles that check on the host), in a few integer instructions instead of CuTe's
+// generic-address rebuild.
 template <int R>
-__device__ __forceinline__ uint32_t sw128_chunk(int r, int c) {
+CUTE_HOST_DEVICE uint32_t sw128_chunk(int r, int c) {
   static_assert(R % 8 == 0, "whole swizzle atoms");
   return (uint32_t)((r >> 3) * 1024 + (c >> 3) * (R * 128) + (r & 7) * 128 +
                     (((c & 7) ^ (r & 7)) << 4));
