@@ -126,6 +126,28 @@ def test_masked_keys_holding_nan_inf_never_leak(causal, d):
         assert np.isfinite(a).all() and (a[:, S - n_pad:] == 0).all()
 
 
+def test_persistent_backward_masked_positions():
+    """sm_margin > 0 takes the persistent 64-row backward (and the forward's margin): padding keys
+    holding NaN / Inf and padding queries holding NaN in q and dO, in one call."""
+    S, n_pad = 640, 100
+    q, k, v = _qkv(6, 2, S, S, 4, 2)
+    seg = np.concatenate([np.zeros(300, int), np.ones(S - n_pad - 300, int), -np.ones(n_pad, int)])
+    mask = masks.from_segment_ids(seg, causal=True)
+    co = jnp.asarray(np.random.default_rng(7).standard_normal(q.shape), DTYPE)
+    o0, lse0, g0 = _run(q, k, v, mask, co=co, sm_margin=8)
+    pad = slice(S - n_pad, S)
+    o, lse, g = _run(q.at[:, pad].set(jnp.nan), k.at[:, pad].set(jnp.nan), v.at[:, pad].set(jnp.inf),
+                     mask, co=co.at[:, pad].set(jnp.nan), sm_margin=8)
+    np.testing.assert_array_equal(o, o0)
+    np.testing.assert_array_equal(lse, lse0)
+    assert (o[:, pad] == 0).all() and np.isneginf(lse[:, pad]).all()
+    assert (g[0][:, pad] == 0).all()
+    _same_dq(g[0], g0[0])
+    for a, b in zip(g[1:], g0[1:]):
+        assert (a[:, pad] == 0).all()
+        np.testing.assert_array_equal(a, b)
+
+
 def _columns_masked_for(S, Hm, cols_per_head):
     """Raw D=4 bounds [1, Hm, S, 4] (causal=False): nothing masked except, under mask head h, the
     columns cols_per_head[h], masked for every row."""
