@@ -162,8 +162,9 @@ __device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
 }
 
 template <class Elem>
-__global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restrict__ dq,
-                                   int64_t npairs, int Sq, int N, int d, int sq_pad, float scale) {
+__global__ void bwd_convert_kernel(const float* __restrict__ acc, const float* __restrict__ lse2,
+                                   Elem* __restrict__ dq, int64_t npairs, int Sq, int N, int d,
+                                   int sq_pad, float scale) {
   static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (128-row tiles: two per tile)");
   constexpr int kUnroll = 4;  // pairs per thread per trip: their loads are issued before the stores
   const int hp = d / 2;  // pairs per row
@@ -172,6 +173,7 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
   for (int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t0 < npairs;
        t0 += kUnroll * stride) {
     float2 x[kUnroll];
+    float sc[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t t = t0 + u * stride;
@@ -183,17 +185,20 @@ __global__ void bwd_convert_kernel(const float* __restrict__ acc, Elem* __restri
         r /= N;
         const int i = (int)(r % Sq);
         const int64_t b = r / Sq;
-        const int64_t tile = ((b * N + h) * sq_pad + (i / 64) * 64) * d;
+        const int64_t row = (b * N + h) * sq_pad + i;
+        const int64_t tile = (row - i % 64) * d;
         x[u] = *reinterpret_cast<const float2*>(acc + tile + dq_frag_offset(i % 64, 2 * c, dqc));
+        sc[u] = __ldg(lse2 + row) == INFINITY ? 0.f : scale;  // fully masked row: dq = 0
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t t = t0 + u * stride;
       if (t < npairs) {
+        // a fully masked row's dS is 0, but 0 * Inf in a key other rows see is NaN: select, not scale
         cutlass::Array<Elem, 2> y;
-        y[0] = static_cast<Elem>(x[u].x * scale);
-        y[1] = static_cast<Elem>(x[u].y * scale);
+        y[0] = static_cast<Elem>(sc[u] == 0.f ? 0.f : x[u].x * sc[u]);
+        y[1] = static_cast<Elem>(sc[u] == 0.f ? 0.f : x[u].y * sc[u]);
         reinterpret_cast<cutlass::Array<Elem, 2>*>(dq)[t] = y;
       }
     }
@@ -227,6 +232,7 @@ static_assert(kConv80Pairs * 2 * kConv80Threads == kRows80 * kRows80D && kConv80
                   kRows80 == 80 && kConv80Threads == 256, "the read phase's block split");
 template <class Elem, bool kVec16>
 __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const float* __restrict__ acc,
+                                                                       const float* __restrict__ lse2,
                                                                        Elem* __restrict__ dq, int Sq, int N,
                                                                        int sq_pad, float scale) {
   __shared__ float s[kRows80 * kRows80Pad];
@@ -259,8 +265,10 @@ __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const 
       const int r = p / kGroups, c = 8 * (p % kGroups);
       const int i = mt * kRows80 + r;
       if (i >= Sq) break;  // rows ascend with p
-      const float4 x0 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c]);
-      const float4 x1 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c + 4]);
+      float4 x0 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c]);
+      float4 x1 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c + 4]);
+      if (__ldg(lse2 + tile / kRows80D + r) == INFINITY)  // fully masked row: dq = 0 (see above)
+        x0 = x1 = make_float4(0.f, 0.f, 0.f, 0.f);
       cutlass::AlignedArray<Elem, 8, 16> y;
       y[0] = static_cast<Elem>(x0.x * scale);
       y[1] = static_cast<Elem>(x0.y * scale);
@@ -278,7 +286,8 @@ __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const 
       const int r = p / (kRows80D / 2), c = 2 * (p % (kRows80D / 2));
       const int i = mt * kRows80 + r;
       if (i >= Sq) break;  // rows ascend with p
-      const float2 x = *reinterpret_cast<const float2*>(&s[r * kRows80Pad + c]);
+      float2 x = *reinterpret_cast<const float2*>(&s[r * kRows80Pad + c]);
+      if (__ldg(lse2 + tile / kRows80D + r) == INFINITY) x = make_float2(0.f, 0.f);
       cutlass::Array<Elem, 2> y;
       y[0] = static_cast<Elem>(x.x * scale);
       y[1] = static_cast<Elem>(x.y * scale);
@@ -618,12 +627,12 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cud
       auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::bfloat16_t, true>
                           : &bwd_convert80_kernel<cutlass::bfloat16_t, false>;
       kernel<<<grid, kConv80Threads, 0, stream>>>(
-          p.dq_accum, static_cast<cutlass::bfloat16_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
+          p.dq_accum, p.rowstats, static_cast<cutlass::bfloat16_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
     } else {
       auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::half_t, true>
                           : &bwd_convert80_kernel<cutlass::half_t, false>;
       kernel<<<grid, kConv80Threads, 0, stream>>>(
-          p.dq_accum, static_cast<cutlass::half_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
+          p.dq_accum, p.rowstats, static_cast<cutlass::half_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
     }
     return cudaGetLastError();
   }
@@ -631,10 +640,10 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cud
   const int64_t blocks = std::min<int64_t>((npairs + threads - 1) / threads, 132 * 16);
   if (p.dtype == DType::kBF16)
     bwd_convert_kernel<cutlass::bfloat16_t><<<(unsigned)blocks, threads, 0, stream>>>(
-        p.dq_accum, static_cast<cutlass::bfloat16_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
+        p.dq_accum, p.rowstats, static_cast<cutlass::bfloat16_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
   else
     bwd_convert_kernel<cutlass::half_t><<<(unsigned)blocks, threads, 0, stream>>>(
-        p.dq_accum, static_cast<cutlass::half_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
+        p.dq_accum, p.rowstats, static_cast<cutlass::half_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
   return cudaGetLastError();
 }
 

@@ -85,6 +85,22 @@ def test_fully_masked_rows_are_zero_with_zero_dq():
     assert np.isfinite(dk).all() and np.isfinite(dv).all()
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fully_masked_rows_stay_zero_beside_non_finite_visible_keys(d):
+    # Key 5 is seen by rows 133.. (causal, Sq - Sk = 128): Inf in its K and NaN in its V make
+    # those rows' results non-finite, but rows 0..127 see no key: out 0, lse -inf, dq 0 (their dS is
+    # 0, and the dQ conversion selects 0 rather than scaling 0 * Inf)
+    Sq, Sk = 384, 256
+    rng = np.random.default_rng(11)
+    mk = lambda *s: jnp.asarray(rng.standard_normal(s), DTYPE)  # noqa: E731
+    q, k, v = mk(2, Sq, 4, d), mk(2, Sk, 2, d), mk(2, Sk, 2, d)
+    k, v = k.at[:, 5, :, 3].set(jnp.inf), v.at[:, 5, :, 7].set(jnp.nan)
+    o, lse, (dq, _, _) = _run(q, k, v, causal=True)
+    assert (o[:, :128] == 0).all() and np.isneginf(lse[:, :128]).all()
+    assert (dq[:, :128] == 0).all()
+    assert np.isnan(o[:, 133:]).any()  # the rows that see key 5
+
+
 def _same_dq(a, b):
     """dq of two runs whose kernels saw the same shared-memory tiles: equal up to the order of the
     key blocks' fp32 reduce-adds (not fixed outside deterministic mode)."""
