@@ -27,10 +27,11 @@ using namespace cute;
 // of 8 rows x 16 bytes (half a sector) per 4-byte store (the backward pp kernel's dK / dV go
 // through smem instead: bwd_stage_rows). The forward's O and the d = 256
 // backward's dK / dV use it. All 32 lanes must call it (row == nullptr: a row past the end,
-// shuffle only).
+// shuffle only). zero: store zeros (a forward row with no visible key, whose O may hold
+// 0 * NaN from a V row other rows of the tile see: a select, not a scale by 0).
 template <class Elem, int D, class Frag>
 __device__ __forceinline__ void store_row_chunks(Elem* row, Frag const& acc, int i, float scale,
-                                                 int lane) {
+                                                 int lane, bool zero = false) {
   static_assert(sizeof(Elem) == 2 && D % 32 == 0, "groups of four 8-column chunks");
   const int q = lane % 4;
   CUTE_UNROLL
@@ -39,8 +40,8 @@ __device__ __forceinline__ void store_row_chunks(Elem* row, Frag const& acc, int
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {
       cutlass::Array<Elem, 2> p;
-      p[0] = static_cast<Elem>(acc(4 * (4 * blk + j) + 2 * i) * scale);
-      p[1] = static_cast<Elem>(acc(4 * (4 * blk + j) + 2 * i + 1) * scale);
+      p[0] = static_cast<Elem>(zero ? 0.f : acc(4 * (4 * blk + j) + 2 * i) * scale);
+      p[1] = static_cast<Elem>(zero ? 0.f : acc(4 * (4 * blk + j) + 2 * i + 1) * scale);
       v[j] = reinterpret_cast<uint32_t const&>(p);
     }
     // after the xor-1 round lane q holds words (q & ~1, c), (q | 1, c), (q & ~1, c + 2),
@@ -66,21 +67,22 @@ __device__ __forceinline__ void fwd_store_o_lse(const KArgs& a, FragO const& tOr
                                                 float const (&m_i)[2], float const (&l_i)[2],
                                                 float sl2, int row0, int b, int h, int lane) {
   float inv[2], lse[2];
+  bool empty[2];
   CUTE_UNROLL
   for (int i = 0; i < 2; ++i) {
     float l = l_i[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool empty = l == 0.f;
-    inv[i] = empty ? 0.f : 1.f / l;
-    lse[i] = empty ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
+    empty[i] = l == 0.f;
+    inv[i] = empty[i] ? 0.f : 1.f / l;
+    lse[i] = empty[i] ? -INFINITY : (m_i[i] * sl2 + __log2f(l)) * 0.69314718055994530942f;
   }
   Elem* out = reinterpret_cast<Elem*>(a.o);
   CUTE_UNROLL
   for (int i = 0; i < 2; ++i) {
     const int r = row0 + 8 * i;
     store_row_chunks<Elem, D>(r < a.Sq ? out + (((int64_t)b * a.Sq + r) * a.N + h) * D : nullptr,
-                              tOrO, i, inv[i], lane);
+                              tOrO, i, inv[i], lane, empty[i]);
     if (r < a.Sq && (lane % 4) == 0) a.lse[((int64_t)b * a.Sq + r) * a.N + h] = lse[i];
   }
 }

@@ -603,8 +603,9 @@ def test_d256_workspaces_use_64_key_blocks():
     f = jax.jit(lambda *a: _bwd(cfg, *a, scale=256 ** -0.5, deterministic=True))
     hlo = f.lower(q, k, v, b, out, lse, do, None).as_text()
     assert "tensor<1x2x2x2xi32>" in hlo  # [B, N, query tiles, ceil(33 / 32)]
-    # metadata at 64 keys, the scheduler area, the orders, the zeroing counters (K * B)
-    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33 + 33 + 1), hlo)
+    # metadata at 64 keys, the scheduler area, the orders, the zeroing counters (K * B), the
+    # unseen-column words (as the metadata), the empty-row flags [B, N, ceil(100 / 64)]
+    assert re.search(r"tensor<%dxi32>" % (1 * 1 * 8 * 33 + 4 + 33 + 33 + 1 + 1 * 1 * 8 * 33 + 1 * 2 * 2), hlo)
     _check(q, k, v, do, np.asarray(b), seed=0, rng=rng, fn=f)
 
 
