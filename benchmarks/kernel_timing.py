@@ -66,7 +66,7 @@ def timing_suite(S: int, B: int, window: int | None = None, pad: int | None = No
         suite["sliding_window"] = masks.sliding_window(S, window, batch=B)
     p = S // 16 if pad is None else pad
     seg = np.concatenate([np.zeros(S - p, np.int32), -np.ones(p, np.int32)])
-    suite["causal_padding"] = masks.from_segment_ids(seg, causal=True)
+    suite["causal_padding"] = masks.from_segment_ids(np.tile(seg, (B, 1)), causal=True)
     return suite
 
 

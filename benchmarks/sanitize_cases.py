@@ -11,7 +11,9 @@ it the fastest; any bounds are exact), on the full grid and on two CTAs (a large
 walks several tiles); each backward call the config table makes (configuration, deterministic
 mode, sm_margin) runs each mask on the output of the general forward of its head dim. Lengths are not
 multiples of the tiles, heads are GQA (4 query heads, 2 kv heads), soft-cap configurations get
-`--soft-cap`. Outputs and gradients are checked against the reference, so a run the tool passes
+`--soft-cap`. Besides the suite's masks, "causal_padding" (causal, the last S / 16 positions
+padding) holds NaN in q, k, v and dout at its padded positions: the tiles whose masked rows the
+kernels zero in shared memory (README "Guarantees"). Outputs and gradients are checked against the reference, so a run the tool passes
 also computed the right thing. Run it under the tools, e.g.
 
     compute-sanitizer --tool memcheck  --kernel-name kns=jfm python3 benchmarks/sanitize_cases.py
@@ -150,6 +152,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     S = a.seq
     suite = masks.benchmark_suite(S)
+    pad = S // 16
+    suite["causal_padding"] = masks.from_segment_ids(
+        np.concatenate([np.zeros(S - pad, np.int32), -np.ones(pad, np.int32)]), causal=True)
     names = list(suite) if a.masks == "all" else a.masks.split(",")
     dims = [int(x) for x in a.dims.split(",")]
     wanted = None if a.configs == "all" else set(a.configs.split(","))
@@ -166,10 +171,14 @@ def main(argv=None) -> int:
         print(f"{what}: {detail} {'ok' if ok else 'FAIL'}", flush=True)
 
     for d in dims:
-        q, k, v, do = problem(d, S, d)
+        clean = problem(d, S, d)
         scale = float(1.0 / np.sqrt(d))
         for name in names:
             mask, bounds = suite[name], kernel_bounds(suite[name], S)
+            q, k, v, do = (x.copy() for x in clean)
+            if name == "causal_padding":
+                for x in (q, k, v, do):
+                    x[:, S - pad:] = np.nan
             for cap in (None, a.soft_cap):
                 ref = reference(q, k, v, do, mask, cap)
                 for cfg in configs.FORWARD_CONFIGS:

@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     Barrier::init(&ss.kv_full, 1);
     Barrier::init(&ss.aux, 1);
+    Barrier::init(&ss.zreq, 1);
+    Barrier::init(&ss.zdone, 1);
     ss.aux_uses = 0u;
     cutlass::arch::fence_barrier_init();
   }
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
         // K / V with the kv group's unseen columns zeroed where the block holds any (unseen.cuh)
         if (bwd_unseen_any(a.unseen, a.Hm, a.nblk, a.heads_per_kv, a.heads_per_mask, b, hk, n))
-          bwd_load_kv_zeroed<Elem, Bn, D>(a, tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+          bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
         else
           bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
         int stage = 0, phase = 0;
@@ -142,14 +144,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.rs[stage][1][0],
                                      Bm * (int)sizeof(float));
           } else {  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
-            bwd_load_q_do_zeroed<Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, sQ, sdO, ss,
-                                        &ss.rs[stage][0][0], &ss.rs[stage][1][0], b, h, m, stage);
+            bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, ss,
+                                              &ss.rs[stage][0][0], &ss.rs[stage][1][0], b, h, m,
+                                              stage);
           }
           if (++stage == S) { stage = 0; phase ^= 1; }
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
       }
+      if (lane == 0) bwd_zero_stop(ss);  // `have` is false here
     } else if (warp == 1) {
       // dQ writer: both halves of the tile's dQ, then the stage goes back
       int stage = 0, phase = 0;
@@ -184,6 +188,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else if (warp == 2) {
       if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
+    } else {  // the zero warp (unseen.cuh)
+      bwd_zero_warp<Bm, Bn, D>(a, ss, sQ, sdO, sK, sV, &ss.rs[0][0][0], lane);
     }
     return;
   }

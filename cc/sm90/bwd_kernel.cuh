@@ -147,6 +147,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     Barrier::init(&ss.kv_full, 1);
     if constexpr (kPersist) Barrier::init(&ss.x.kv_empty, kConsumers);
     Barrier::init(&ss.aux, 1);
+    Barrier::init(&ss.zreq, 1);
+    Barrier::init(&ss.zdone, 1);
     ss.aux_uses = 0u;
     cutlass::arch::fence_barrier_init();
   }
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (!have) continue;
           sched.producer_kv_acquire(ss, kvu);
           ++kvu;
-          if (zkv) bwd_load_kv_zeroed<Elem, Bn, D>(a, tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
+          if (zkv) bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
           else bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
           while (have) {
             const int h = w.hk * a.heads_per_kv + g;
@@ -235,9 +237,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
               bwd_load_rowstats<Bm>(a, ss, w.b, h, m, stage);
             } else {  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
-              bwd_load_q_do_zeroed<Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, sQ, sdO, ss,
-                                          &ss.x.rs[stage][0][0], &ss.x.rs[stage][1][0], w.b, h,
-                                          m, stage);
+              bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, ss,
+                                                &ss.x.rs[stage][0][0], &ss.x.rs[stage][1][0], w.b,
+                                                h, m, stage);
             }
             if (++stage == S) { stage = 0; phase ^= 1; }
             if constexpr (T::kLockstep) {
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             }
           }
         }
+        bwd_zero_stop(ss);
       }
     } else if (warp == 1) {
       // dQ writer; with Sched::kWriterTakesItems also the item's skip marks (deterministic mode)
@@ -273,8 +276,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else if (warp == 2) {
+      // the zero warp (unseen.cuh), after the deterministic mode's skip marks
       if (!Sched::kWriterTakesItems && a.deterministic)
         bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
+      bwd_zero_warp<Bm, Bn, D>(a, ss, sQ, sdO, sK, sV, &ss.x.rs[0][0][0], lane);
     } else if (Sched::kZeroAhead && a.zero_count != nullptr) {  // warp 3
       bwd_zero_next_unit<D>(a, bwd_zero_unit<T>(a), lane);
     }

@@ -91,43 +91,86 @@ __device__ __forceinline__ void bwd_load_rowstats(BwdArgs const& a, Storage& ss,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Masked positions (unseen.cuh), the producer lane's side; ss.aux_uses counts the phases of
-// ss.aux (kept in shared memory: the producer has 24 registers).
-__device__ __forceinline__ uint32_t bwd_aux_parity_and_count(uint32_t* uses) {
-  volatile uint32_t* u = uses;
-  const uint32_t x = *u;
-  *u = x + 1u;
-  return x & 1u;
+// Masked positions (unseen.cuh). The TMA lane stages a flagged tile onto ss.aux and hands it to
+// the zero warp with a request in ss.zjob ({kind, stage or key block, hk, b}; zreq: posted, zdone:
+// done, so aux and the slot are free again), and goes on with the next tile: the tile's landing and
+// its zeroing (32 lanes, a row each) are off the TMA lane's path. The zero warp fences its stores
+// for the async proxy and completes the consumers' full barrier with its one arrival.
+// ss.aux_uses counts the requests (in shared memory: the producer has 24 registers).
+enum BwdZeroKind : int { kZeroStop = 0, kZeroKV = 1, kZeroQdO = 2 };
+template <class Storage>
+__device__ __forceinline__ void bwd_zero_claim(Storage& ss) {
+  volatile uint32_t* u = &ss.aux_uses;
+  const uint32_t k = *u;
+  *u = k + 1u;
+  if (k > 0u) pp_wait(&ss.zdone, (int)((k - 1u) & 1u));  // the previous request done
 }
-// K and V of key block n where bwd_unseen_any said the kv group may leave columns unseen: they land
-// on `aux`; the lane zeroes the rows of the columns that every mask head of the group's query heads
-// leaves unseen (the words of block_meta_sm90, ANDed per row), fences and completes kv_full's phase
-// with its one arrival. Row by row and not unrolled: a cold path on the producer's 24 registers.
+template <class Storage>
+__device__ __forceinline__ void bwd_zero_post(Storage& ss, int kind, int y, int hk, int b) {
+  volatile int* j = ss.zjob;
+  j[0] = kind;
+  j[1] = y;
+  j[2] = hk;
+  j[3] = b;
+  pp_arrive(&ss.zreq);  // release: the job is visible to the zero warp's wait
+}
+// The TMA lane, after its last tile: the zero warp's loop ends.
+template <class Storage>
+__device__ __forceinline__ void bwd_zero_stop(Storage& ss) {
+  bwd_zero_claim(ss);
+  bwd_zero_post(ss, kZeroStop, 0, 0, 0);
+}
+// K and V of key block n where bwd_unseen_any said the kv group may leave columns unseen: they
+// land on `aux`, and the zero warp clears the columns every mask head of the group leaves unseen.
 template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
-__device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const& tma_k,
-                                                   TmaK const& tma_v, MK const& mK, MK const& mV,
-                                                   SK& sK, SK& sV, Storage& ss, int hk, int b,
-                                                   int n) {
+__device__ __forceinline__ void bwd_load_kv_zeroed(TmaK const& tma_k, TmaK const& tma_v,
+                                                   MK const& mK, MK const& mV, SK& sK, SK& sV,
+                                                   Storage& ss, int hk, int b, int n) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  static_assert(sizeof(Elem) == 2, "sw128_chunk: 16-bit elements");
   Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
   Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
   auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                   group_modes<0, 2>(gK));
   auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                   group_modes<0, 2>(gV));
-  const uint32_t par = bwd_aux_parity_and_count(&ss.aux_uses);
+  bwd_zero_claim(ss);
   Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bn * D * sizeof(Elem));
   copy(tma_k.with(ss.aux), tKg, tKs);
   copy(tma_v.with(ss.aux), tVg, tVs);
+  bwd_zero_post(ss, kZeroKV, n, hk, b);
+}
+// A Q / dO tile with fully masked rows (tile flag set): Q, dO and the row statistics (lse2 to
+// smem `rs_lse2`, D to `rs_delta`) land on `aux`; the zero warp clears the rows whose lse2 is +inf.
+template <class Elem, int Bm, int D, class TmaQ, class TQg, class TQs, class Storage>
+__device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ const& tma_q,
+                                                     TmaQ const& tma_do, TQg const& tQg, TQs& tQs,
+                                                     TQg const& tdOg, TQs& tdOs, Storage& ss,
+                                                     float* rs_lse2, float* rs_delta, int b, int h,
+                                                     int m, int stage) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  bwd_zero_claim(ss);
+  Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+  copy(tma_q.with(ss.aux), tQg(_, m), tQs(_, stage));
+  copy(tma_do.with(ss.aux), tdOg(_, m), tdOs(_, stage));
+  const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
+  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.aux, rs_lse2, Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.aux, rs_delta, Bm * (int)sizeof(float));
+  bwd_zero_post(ss, kZeroQdO, stage, 0, 0);
+}
+// The zero warp's two jobs. Lane t of nt takes rows t, t + nt, ... of the tile (across 8
+// consecutive rows a chunk index sits in 8 distinct bank groups under the 128B swizzle, so a
+// warp's 16-byte stores take the minimum number of wavefronts).
+// K and V rows of key block n that every mask head of kv group hk leaves unseen (batch b).
+template <int Bn, int D, class SK>
+__device__ __forceinline__ void bwd_zero_unseen_kv(BwdArgs const& a, SK& sK, SK& sV, int hk, int b,
+                                                   int n, int t, int nt) {
   const int hm0 = hk * a.heads_per_kv / a.heads_per_mask;
   const int hm1 = (hk * a.heads_per_kv + a.heads_per_kv - 1) / a.heads_per_mask;
   const uint32_t* w0 = a.unseen + ((int64_t)b * a.Hm + hm0) * 8 * a.nblk + 4 * n;
   const uint32_t k0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sK(0, 0)));
   const uint32_t v0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sV(0, 0)));
-  Barrier::wait(&ss.aux, par);
 #pragma unroll 1
-  for (int r = 0; r < Bn; ++r) {
+  for (int r = t; r < Bn; r += nt) {
     bool z = true;
 #pragma unroll 1
     for (int hm = hm0; hm <= hm1 && z; ++hm)
@@ -141,35 +184,16 @@ __device__ __forceinline__ void bwd_load_kv_zeroed(BwdArgs const& a, TmaK const&
       }
     }
   }
-  fence_generic_to_async_shared();
-  cutlass::arch::ClusterBarrier::arrive(&ss.kv_full);
 }
-// A Q / dO tile with fully masked rows (tile flag set): Q, dO and the row statistics (lse2 to
-// smem `rs_lse2`, D to `rs_delta`) land on `aux`; the rows whose lse2 is +inf get zero Q and dO;
-// then the lane fences and completes the stage's `full` phase with its one arrival.
-template <int Bm, int D, class TmaQ, class TQg, class TQs, class SQ, class Storage>
-__device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ const& tma_q,
-                                                     TmaQ const& tma_do, TQg const& tQg, TQs& tQs,
-                                                     TQg const& tdOg, TQs& tdOs, SQ& sQ, SQ& sdO,
-                                                     Storage& ss, float* rs_lse2, float* rs_delta,
-                                                     int b, int h, int m, int stage) {
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  using Elem = typename SQ::value_type;
-  static_assert(sizeof(Elem) == 2, "sw128_chunk: 16-bit elements");
-  const uint32_t par = bwd_aux_parity_and_count(&ss.aux_uses);
-  Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-  copy(tma_q.with(ss.aux), tQg(_, m), tQs(_, stage));
-  copy(tma_do.with(ss.aux), tdOg(_, m), tdOs(_, stage));
-  const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.aux, rs_lse2, Bm * (int)sizeof(float));
-  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.aux, rs_delta, Bm * (int)sizeof(float));
+// Q and dO rows of stage `stage` whose lse2 (smem, landed with the tile) is +inf.
+template <int Bm, int D, class SQ>
+__device__ __forceinline__ void bwd_zero_empty_rows(const float* lse2, SQ& sQ, SQ& sdO, int stage,
+                                                    int t, int nt) {
   const uint32_t q0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sQ(0, 0, stage)));
   const uint32_t d0 = cute::cast_smem_ptr_to_uint(raw_pointer_cast(&sdO(0, 0, stage)));
-  Barrier::wait(&ss.aux, par);
-  // row by row, lightly unrolled (a cold path on the producer's 24 registers)
 #pragma unroll 1
-  for (int r = 0; r < Bm; ++r) {
-    if (rs_lse2[r] == INFINITY) {
+  for (int r = t; r < Bm; r += nt) {
+    if (lse2[r] == INFINITY) {
 #pragma unroll 4
       for (int c = 0; c < D / 8; ++c) {
         const uint32_t o = sw128_chunk<Bm>(r, c);
@@ -178,8 +202,37 @@ __device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ cons
       }
     }
   }
-  fence_generic_to_async_shared();
-  cutlass::arch::ClusterBarrier::arrive(&ss.full[stage]);
+}
+// The zero warp: serves the TMA lane's requests until kZeroStop. rs0: the row statistics
+// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job and arrives, after the warp's stores and
+// fences (the per-thread order compute-sanitizer's racecheck follows).
+template <int Bm, int Bn, int D, class SQ, class SK, class Storage>
+__device__ __forceinline__ void bwd_zero_warp(BwdArgs const& a, Storage& ss, SQ& sQ, SQ& sdO,
+                                              SK& sK, SK& sV, const float* rs0, int lane) {
+  static_assert(sizeof(typename SQ::value_type) == 2, "sw128_chunk: 16-bit elements");
+#pragma unroll 1
+  for (uint32_t k = 0;; ++k) {
+    pp_wait(&ss.zreq, (int)(k & 1u));
+    int4 j = make_int4(0, 0, 0, 0);
+    if (lane == 0) {
+      volatile int* p = ss.zjob;
+      j = make_int4(p[0], p[1], p[2], p[3]);
+    }
+    const int kind = __shfl_sync(0xffffffffu, j.x, 0);
+    const int y = __shfl_sync(0xffffffffu, j.y, 0);  // the stage, or the key block
+    const int hk = __shfl_sync(0xffffffffu, j.z, 0);
+    const int b = __shfl_sync(0xffffffffu, j.w, 0);
+    if (kind == kZeroStop) return;
+    pp_wait(&ss.aux, (int)(k & 1u));
+    if (kind == kZeroKV) bwd_zero_unseen_kv<Bn, D>(a, sK, sV, hk, b, y, lane, 32);
+    else bwd_zero_empty_rows<Bm, D>(rs0 + y * 2 * Bm, sQ, sdO, y, lane, 32);
+    fence_generic_to_async_shared();
+    __syncwarp();
+    if (lane == 0) {
+      pp_arrive(kind == kZeroKV ? &ss.kv_full : &ss.full[y]);
+      pp_arrive(&ss.zdone);
+    }
+  }
 }
 
 // Turn of consumer warpgroup wg to issue GEMMs (named barrier 1: warpgroup 0's turn, 2: warpgroup

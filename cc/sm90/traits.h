@@ -323,7 +323,10 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
     alignas(8) uint64_t dq_empty[kDqBufs]; // dQ tile read by its bulk reduce
     alignas(8) uint64_t kv_full;       // K + V landed
     alignas(8) uint64_t aux;           // tiles with masked rows to zero (unseen.cuh)
-    uint32_t aux_uses;                 // phases of aux so far (its parity: the next one)
+    alignas(8) uint64_t zreq;          // a zero request posted (bwd_mainloop.cuh)
+    alignas(8) uint64_t zdone;         // the zero warp done with it
+    int zjob[4];                       // the request: kind, stage or key block, hk, b
+    uint32_t aux_uses;                 // requests so far
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
     Extra x;
     int walk_start;                    // 80-row kernels: the clocked walk's first tile, -1: ascending
@@ -462,7 +465,10 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
     alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
     alignas(8) uint64_t kv_full;              // K + V landed
     alignas(8) uint64_t aux;                  // tiles with masked rows to zero (unseen.cuh)
-    uint32_t aux_uses;                        // phases of aux so far (its parity: the next one)
+    alignas(8) uint64_t zreq;                 // a zero request posted (bwd_mainloop.cuh)
+    alignas(8) uint64_t zdone;                // the zero warp done with it
+    int zjob[4];                              // the request: kind, stage or key block, hk, b
+    uint32_t aux_uses;                        // requests so far
   };
 };
 

@@ -8,14 +8,18 @@
 //    query tile (fwd_kernel.cuh), so that masks without unseen columns read no block's words;
 //  * fully masked query rows (lse = -inf): the Q and dO rows of a backward query tile; flagged per
 //    (batch, head, tile) by the prep kernel (bwd_aux.cu), the rows read from the tile's lse2.
-// The producer stages such a tile onto the auxiliary barrier `aux` instead of the consumers' full
-// barrier, waits for it, zeroes the rows (generic-proxy stores), fences them for the async proxy
-// (the WGMMA reads) and then arrives on the full barrier itself: the consumers, their barriers and
-// the GEMM schedule are the same on both paths; unflagged tiles take the unchanged path.
+// Such a tile is staged onto the auxiliary barrier `aux` instead of the consumers' full barrier;
+// its rows are zeroed (generic-proxy stores), fenced for the async proxy (the WGMMA reads), and
+// the zeroing side then arrives on the full barrier itself: the consumers, their barriers and the
+// GEMM schedule are the same on both paths; unflagged tiles take the unchanged path. The forward's
+// producer warp zeroes its V tiles itself; in the backward the TMA lane hands each flagged tile to
+// a zero warp and goes on (bwd_mainloop.cuh: a flagged Q / dO tile is on every walk that crosses
+// padded rows, and one lane zeroing it cost the backward 4-8 %).
 // Contract: a tile's rows are 16-byte chunks of 8 contiguous elements in its CuTe smem layout (the
 //   K-major 128B-swizzle atoms of traits.h: the swizzle permutes whole 16-byte chunks).
-// Synchronization: `aux` (1 arrival + the copies' bytes), used by one producer thread (or warp)
-//   that waits for each phase before the next use; fence.proxy.async before the full arrive.
+// Synchronization: `aux` (1 arrival + the copies' bytes), one phase in flight at a time (forward:
+//   the producer waits for it; backward: the zero warp's `zdone` frees it); fence.proxy.async
+//   before the full arrive.
 // Knobs: none.
 #pragma once
 
