@@ -204,8 +204,10 @@ __device__ __forceinline__ void bwd_zero_empty_rows(const float* lse2, SQ& sQ, S
   }
 }
 // The zero warp: serves the TMA lane's requests until kZeroStop. rs0: the row statistics
-// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job and arrives, after the warp's stores and
-// fences (the per-thread order compute-sanitizer's racecheck follows).
+// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job and arrives; __syncwarp orders every
+// lane's stores and fence before that arrival. compute-sanitizer's racecheck does not follow a warp
+// barrier before one lane's arrival: it reports the d = 256 consumers' dQ stores over the stage as
+// racing with lanes 1-31's zeros (docs/decisions.md#nan-guarantee-cuda).
 template <int Bm, int Bn, int D, class SQ, class SK, class Storage>
 __device__ __forceinline__ void bwd_zero_warp(BwdArgs const& a, Storage& ss, SQ& sQ, SQ& sdO,
                                               SK& sK, SK& sV, const float* rs0, int lane) {
