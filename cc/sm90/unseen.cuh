@@ -13,8 +13,9 @@
 // the zeroing side then arrives on the full barrier itself: the consumers, their barriers and the
 // GEMM schedule are the same on both paths; unflagged tiles take the unchanged path. The forward's
 // producer warp zeroes its V tiles itself; in the backward the TMA lane hands each flagged tile to
-// a zero warp and goes on (bwd_mainloop.cuh: a flagged Q / dO tile is on every walk that crosses
-// padded rows, and one lane zeroing it cost the backward 4-8 %).
+// a zero warp and goes on (bwd_mainloop.cuh): a flagged Q / dO tile is on every walk that crosses
+// padded rows, and the TMA lane zeroing it alone held back the loads queued behind it
+// (docs/decisions.md#nan-guarantee-cuda).
 // Contract: a tile's rows are 16-byte chunks of 8 contiguous elements in its CuTe smem layout (the
 //   K-major 128B-swizzle atoms of traits.h: the swizzle permutes whole 16-byte chunks).
 // Synchronization: `aux` (1 arrival + the copies' bytes), one phase in flight at a time (forward:
