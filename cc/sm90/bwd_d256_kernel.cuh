@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (bwd_unseen_any(a.unseen, a.Hm, a.nblk, a.heads_per_kv, a.heads_per_mask, b, hk, n))
           bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
         else
-          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+          bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &ss.kv_full, hk, b, n);
         int stage = 0, phase = 0;
         while (have) {
           const int h = hk * a.heads_per_kv + g;
@@ -132,22 +132,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           Barrier::wait(&ss.empty[stage], phase ^ 1);  // first pass: the preceding phase, done
           auto [tQg, tQs, tdOg, tdOs] =
               bwd_q_do_views<Bm, D>(tma_q, tma_do, mQ, mdO, sQ, sdO, h, b);
-          if (zq == 0) {
-            Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                          2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-            copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-            copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-            // row statistics of the tile (rows padded to sq_pad: always in bounds; 256-byte aligned)
-            const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-            SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.full[stage], &ss.rs[stage][0][0],
-                                     Bm * (int)sizeof(float));
-            SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.full[stage], &ss.rs[stage][1][0],
-                                     Bm * (int)sizeof(float));
-          } else {  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
-            bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, ss,
-                                              &ss.rs[stage][0][0], &ss.rs[stage][1][0], b, h, m,
-                                              stage);
-          }
+          float* rs = &ss.rs[stage][0][0];
+          if (zq == 0)
+            bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, &ss.full[stage],
+                                       b, h, m, stage);
+          else  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
+            bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss, b, h,
+                                              m, stage);
           if (++stage == S) { stage = 0; phase ^= 1; }
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);

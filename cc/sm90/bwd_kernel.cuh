@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           sched.producer_kv_acquire(ss, kvu);
           ++kvu;
           if (zkv) bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
-          else bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
+          else bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &ss.kv_full, w.hk, w.b, w.n);
           while (have) {
             const int h = w.hk * a.heads_per_kv + g;
             // the tile's empty-row flag (prep kernel), in flight under the stage's wait
@@ -230,17 +230,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                 asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock)
                              : "memory");
             }
-            if (zq == 0) {
-              Barrier::arrive_and_expect_tx(&ss.full[stage],
-                                            2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-              copy(tma_q.with(ss.full[stage]), tQg(_, m), tQs(_, stage));
-              copy(tma_do.with(ss.full[stage]), tdOg(_, m), tdOs(_, stage));
-              bwd_load_rowstats<Bm>(a, ss, w.b, h, m, stage);
-            } else {  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
-              bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, ss,
-                                                &ss.x.rs[stage][0][0], &ss.x.rs[stage][1][0], w.b,
-                                                h, m, stage);
-            }
+            float* rs = &ss.x.rs[stage][0][0];
+            if (zq == 0)
+              bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs,
+                                         &ss.full[stage], w.b, h, m, stage);
+            else  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
+              bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss,
+                                                w.b, h, m, stage);
             if (++stage == S) { stage = 0; phase ^= 1; }
             if constexpr (T::kLockstep) {
               g = gn;

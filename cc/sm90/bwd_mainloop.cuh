@@ -48,13 +48,14 @@ __device__ __forceinline__ void store_ds_tile(SdS& sdS, Frag const& tPrdS, int k
   }
 }
 
-// The producer lane's loads of a work item's K and V tiles (key block n of kv head hk, batch b) by
-// TMA onto kv_full, and of a Q / dO tile's row statistics (lse2, D of query head h, tile m; rows
-// padded to sq_pad: always in bounds, 256-byte aligned) by bulk copy onto the stage's `full`
-// barrier (whose expected bytes the caller set).
-template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
+// The producer lane's loads, each onto the barrier `bar` whose expected bytes it sets: a work
+// item's K and V tiles (key block n of kv head hk, batch b), and a Q / dO tile (tile m of query
+// head h) with its row statistics (lse2, D; rows padded to sq_pad: always in bounds, 256-byte
+// aligned) into the stage's smem `rs` ([2][Bm]: lse2, then D). `bar` is the consumers' barrier
+// (kv_full, full[stage]), or `aux` for a tile the zero warp takes first.
+template <class Elem, int Bn, int D, class TmaK, class MK, class SK>
 __device__ __forceinline__ void bwd_load_kv(TmaK const& tma_k, TmaK const& tma_v, MK const& mK,
-                                            MK const& mV, SK& sK, SK& sV, Storage& ss, int hk,
+                                            MK const& mV, SK& sK, SK& sV, uint64_t* bar, int hk,
                                             int b, int n) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
@@ -63,9 +64,9 @@ __device__ __forceinline__ void bwd_load_kv(TmaK const& tma_k, TmaK const& tma_v
                                   group_modes<0, 2>(gK));
   auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                   group_modes<0, 2>(gV));
-  Barrier::arrive_and_expect_tx(&ss.kv_full, 2 * Bn * D * sizeof(Elem));
-  copy(tma_k.with(ss.kv_full), tKg, tKs);
-  copy(tma_v.with(ss.kv_full), tVg, tVs);
+  Barrier::arrive_and_expect_tx(bar, 2 * Bn * D * sizeof(Elem));
+  copy(tma_k.with(*bar), tKg, tKs);
+  copy(tma_v.with(*bar), tVg, tVs);
 }
 // TMA views of query head h's Q and dO (batch b): the global tiles (mode 1: tile index) and the
 // ring's stages, as (tQg, tQs, tdOg, tdOs) for the producer lane's copies.
@@ -81,13 +82,18 @@ __device__ __forceinline__ auto bwd_q_do_views(TmaQ const& tma_q, TmaQ const& tm
                                     group_modes<0, 2>(gdO));
   return cute::make_tuple(tQg, tQs, tdOg, tdOs);
 }
-template <int Bm, class Storage>
-__device__ __forceinline__ void bwd_load_rowstats(BwdArgs const& a, Storage& ss, int b, int h,
-                                                  int m, int stage, uint64_t* bar = nullptr) {
+template <class Elem, int Bm, int D, class TmaQ, class TQg, class TQs>
+__device__ __forceinline__ void bwd_load_q_do(BwdArgs const& a, TmaQ const& tma_q,
+                                              TmaQ const& tma_do, TQg const& tQg, TQs& tQs,
+                                              TQg const& tdOg, TQs& tdOs, float* rs,
+                                              uint64_t* bar, int b, int h, int m, int stage) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  Barrier::arrive_and_expect_tx(bar, 2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
+  copy(tma_q.with(*bar), tQg(_, m), tQs(_, stage));
+  copy(tma_do.with(*bar), tdOg(_, m), tdOs(_, stage));
   const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-  if (bar == nullptr) bar = &ss.full[stage];
-  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, bar, &ss.x.rs[stage][0][0], Bm * (int)sizeof(float));
-  SM90_BULK_COPY_G2S::copy(a.delta + roff, bar, &ss.x.rs[stage][1][0], Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, bar, rs, Bm * (int)sizeof(float));
+  SM90_BULK_COPY_G2S::copy(a.delta + roff, bar, rs + Bm, Bm * (int)sizeof(float));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -126,35 +132,19 @@ template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Stora
 __device__ __forceinline__ void bwd_load_kv_zeroed(TmaK const& tma_k, TmaK const& tma_v,
                                                    MK const& mK, MK const& mV, SK& sK, SK& sV,
                                                    Storage& ss, int hk, int b, int n) {
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  Tensor gK = local_tile(mK(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-  Tensor gV = local_tile(mV(_, _, hk, b), Shape<Int<Bn>, Int<D>>{}, make_coord(n, 0));
-  auto [tKg, tKs] = tma_partition(tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                  group_modes<0, 2>(gK));
-  auto [tVg, tVs] = tma_partition(tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                  group_modes<0, 2>(gV));
   bwd_zero_claim(ss);
-  Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bn * D * sizeof(Elem));
-  copy(tma_k.with(ss.aux), tKg, tKs);
-  copy(tma_v.with(ss.aux), tVg, tVs);
+  bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &ss.aux, hk, b, n);
   bwd_zero_post(ss, kZeroKV, n, hk, b);
 }
-// A Q / dO tile with fully masked rows (tile flag set): Q, dO and the row statistics (lse2 to
-// smem `rs_lse2`, D to `rs_delta`) land on `aux`; the zero warp clears the rows whose lse2 is +inf.
+// A Q / dO tile with fully masked rows (tile flag set): Q, dO and the row statistics land on
+// `aux`; the zero warp clears the rows whose lse2 is +inf.
 template <class Elem, int Bm, int D, class TmaQ, class TQg, class TQs, class Storage>
 __device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ const& tma_q,
                                                      TmaQ const& tma_do, TQg const& tQg, TQs& tQs,
-                                                     TQg const& tdOg, TQs& tdOs, Storage& ss,
-                                                     float* rs_lse2, float* rs_delta, int b, int h,
-                                                     int m, int stage) {
-  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+                                                     TQg const& tdOg, TQs& tdOs, float* rs,
+                                                     Storage& ss, int b, int h, int m, int stage) {
   bwd_zero_claim(ss);
-  Barrier::arrive_and_expect_tx(&ss.aux, 2 * Bm * D * sizeof(Elem) + 2 * Bm * sizeof(float));
-  copy(tma_q.with(ss.aux), tQg(_, m), tQs(_, stage));
-  copy(tma_do.with(ss.aux), tdOg(_, m), tdOs(_, stage));
-  const int64_t roff = ((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm;
-  SM90_BULK_COPY_G2S::copy(a.lse2 + roff, &ss.aux, rs_lse2, Bm * (int)sizeof(float));
-  SM90_BULK_COPY_G2S::copy(a.delta + roff, &ss.aux, rs_delta, Bm * (int)sizeof(float));
+  bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, &ss.aux, b, h, m, stage);
   bwd_zero_post(ss, kZeroQdO, stage, 0, 0);
 }
 // The zero warp's two jobs. Lane t of nt takes rows t, t + nt, ... of the tile (across 8
