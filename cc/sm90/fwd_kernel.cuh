@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           bool partial;
           const int n = blocks.next(partial, a.group_meta);
           if (lane == 0) {
-            fwd_load_kv<T>(a, ss, tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, wr, n,
-                           partial, bnd, tile.b * a.Hm + hm, ms, false);
+            fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
+                          tile.b * a.Hm + hm, ms);
           }
           // with tile_unseen, lane i < 4 loads word i of the block's unseen columns (issued after
           // the K copy: live across it, the word spilled the walk's state in this loop)
@@ -130,8 +130,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                                                    a.unseen_off + 4 * n),
                                  lane);
           } else if (lane == 0) {
-            pipe_v.producer_acquire(wr);
-            copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
+            fwd_load_v(tma_v, tVgV, tVsV, pipe_v, wr, n);
           }
           ++wr;
         }

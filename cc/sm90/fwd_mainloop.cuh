@@ -1,8 +1,9 @@
 // Forward main loop, the parts flashmask_fwd_kernel composes: the producer warp's loads
-// (fwd_tma_views, fwd_load_q, fwd_load_kv: Q of a query tile, K / V of each kept key block with a
-// partial block's bounds or its job for the mask builders), the mask builders' loop
-// (fwd_build_mask_bits, fwd_stop_mask_builders), and the consumers' per-block steps (FwdMainloop:
-// the mask builders' words awaited, finish_scores, P for the PV GEMM).
+// (fwd_tma_views, fwd_load_q, fwd_load_k / fwd_load_v / fwd_load_v_zeroed: Q of a query tile,
+// K / V of each kept key block with a partial block's bounds or its job for the mask builders),
+// the mask builders' loop (fwd_build_mask_bits, fwd_stop_mask_builders), and the consumers'
+// per-block steps (FwdMainloop: the mask builders' words awaited, finish_scores, P for the PV
+// GEMM).
 // Contract: producer, builders and consumers see the same kept-block sequence (KeptBlocks walks it
 //   in every warp, mask_walk.cuh) and step their pipeline states once per kept block; the scores
 //   of every kept block pass once through FwdMainloop::finish_scores before the softmax.
@@ -38,11 +39,11 @@ __device__ __forceinline__ const int32_t* fwd_bounds(const KArgs& a, int b, int 
 
 // ---------------------------------------------------------------------------------------------
 // Producer warp 0, lane 0: the loads of one query tile. fwd_load_q: the tile's Q into its slot
-// of the Q ring (q_full). fwd_load_kv: K and V of kept key block n into the ring's stage wr; a
-// partial block's four bound vectors are bulk-copied beside its K stage (smem_bounds), or with
-// kMaskBits the block is posted as the stage's job for the mask builders ({n, partial, b * Hm +
-// hm, first query row}). The TMA views come from fwd_tma_views. load_v = false: V is left to
-// fwd_load_v_zeroed (the block holds unseen columns).
+// of the Q ring (q_full). fwd_load_k: K of kept key block n into the ring's stage wr; a partial
+// block's four bound vectors are bulk-copied beside its K stage (smem_bounds), or with kMaskBits
+// the block is posted as the stage's job for the mask builders ({n, partial, b * Hm + hm, first
+// query row}). fwd_load_v: V of the block into stage wr, unless it holds unseen columns
+// (fwd_load_v_zeroed). The TMA views come from fwd_tma_views.
 template <class T, class TmaQ, class TmaK, class TmaV, class MQ, class MK, class MV, class SQ,
           class SK, class SV>
 __device__ __forceinline__ auto fwd_tma_views(TmaQ const& tma_q, TmaK const& tma_k,
@@ -67,14 +68,11 @@ __device__ __forceinline__ void fwd_load_q(typename T::SharedStorage& ss, TmaQ c
   Barrier::arrive_and_expect_tx(&ss.q_full[slot], T::Bm * T::D * sizeof(typename T::Elem));
   copy(tma_q.with(ss.q_full[slot]), tQgQ, tQsQ(_, slot));
 }
-template <class T, class TmaK, class TmaV, class TKg, class TKs, class TVg, class TVs,
-          class Pipeline, class State>
-__device__ __forceinline__ void fwd_load_kv(const KArgs& a, typename T::SharedStorage& ss,
-                                            TmaK const& tma_k, TmaV const& tma_v, TKg const& tKgK,
-                                            TKs& tKsK, TVg const& tVgV, TVs& tVsV,
-                                            Pipeline& pipe_k, Pipeline& pipe_v, State const& wr,
-                                            int n, bool partial, const int32_t* bnd, int bhm,
-                                            int ms, bool load_v = true) {
+template <class T, class TmaK, class TKg, class TKs, class Pipeline, class State>
+__device__ __forceinline__ void fwd_load_k(const KArgs& a, typename T::SharedStorage& ss,
+                                           TmaK const& tma_k, TKg const& tKgK, TKs& tKsK,
+                                           Pipeline& pipe_k, State const& wr, int n, bool partial,
+                                           const int32_t* bnd, int bhm, int ms) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   using EmptyBarrier = cutlass::arch::ClusterBarrier;
   constexpr int Bn = T::Bn;
@@ -96,13 +94,16 @@ __device__ __forceinline__ void fwd_load_kv(const KArgs& a, typename T::SharedSt
     asm volatile("" ::: "memory");  // (the CUTLASS barrier asm has no memory clobber)
     EmptyBarrier::arrive(&ss.job_full[wr.index()]);
   }
-  if (!load_v) return;
+}
+template <class TmaV, class TVg, class TVs, class Pipeline, class State>
+__device__ __forceinline__ void fwd_load_v(TmaV const& tma_v, TVg const& tVgV, TVs& tVsV,
+                                           Pipeline& pipe_v, State const& wr, int n) {
   pipe_v.producer_acquire(wr);
   copy(tma_v.with(*pipe_v.producer_get_barrier(wr)), tVgV(_, n), tVsV(_, wr.index()));
 }
 
-// Producer warp 0 (all lanes), a key block with unseen columns (unseen.cuh; fwd_load_kv ran with
-// load_v = false): V of stage wr lands on `aux`, the warp zeroes the rows of the unseen columns
+// Producer warp 0 (all lanes), a key block with unseen columns (unseen.cuh), instead of
+// fwd_load_v: V of stage wr lands on `aux`, the warp zeroes the rows of the unseen columns
 // (`words`, the block's 4 in global memory: bit c = column n * Bn + c; read there, not held in
 // registers: held, they spilled the walk's state) and lane 0 completes the V stage's full phase
 // with its one arrival (no transaction bytes). The parity of `aux` lives in shared memory
