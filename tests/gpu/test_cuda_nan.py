@@ -39,9 +39,13 @@ def _qkv(seed, B, Sq, Sk, N, K, d=D):
     return mk(B, Sq, N, d), mk(B, Sk, K, d), mk(B, Sk, K, d)
 
 
+def _cotangent(q):
+    return jnp.asarray(np.random.default_rng(7).standard_normal(q.shape), DTYPE)
+
+
 def _run(q, k, v, mask=None, causal=False, co=None, **kw):
     if co is None:
-        co = jnp.asarray(np.random.default_rng(7).standard_normal(q.shape), DTYPE)
+        co = _cotangent(q)
 
     def f(q, k, v):
         return jf.attention(q, k, v, mask, causal=causal, implementation="cuda", return_residual=True,
@@ -91,9 +95,7 @@ def test_fully_masked_rows_stay_zero_beside_non_finite_visible_keys(d):
     # those rows' results non-finite, but rows 0..127 see no key: out 0, lse -inf, dq 0 (their dS is
     # 0, and the dQ conversion selects 0 rather than scaling 0 * Inf)
     Sq, Sk = 384, 256
-    rng = np.random.default_rng(11)
-    mk = lambda *s: jnp.asarray(rng.standard_normal(s), DTYPE)  # noqa: E731
-    q, k, v = mk(2, Sq, 4, d), mk(2, Sk, 2, d), mk(2, Sk, 2, d)
+    q, k, v = _qkv(11, 2, Sq, Sk, 4, 2, d)
     k, v = k.at[:, 5, :, 3].set(jnp.inf), v.at[:, 5, :, 7].set(jnp.nan)
     o, lse, (dq, _, _) = _run(q, k, v, causal=True)
     assert (o[:, :128] == 0).all() and np.isneginf(lse[:, :128]).all()
@@ -112,7 +114,7 @@ def _same_dq(a, b):
 def test_fully_masked_rows_holding_nan_do_not_reach_dk_dv(deterministic):
     Sq, Sk = 384, 256  # causal, bottom-right aligned: rows 0..127 see no key (inside 80-row tiles)
     q, k, v = _qkv(1, 2, Sq, Sk, 4, 2)
-    co = jnp.asarray(np.random.default_rng(7).standard_normal(q.shape), DTYPE)
+    co = _cotangent(q)
     _, _, g0 = _run(q, k, v, causal=True, co=co, deterministic=deterministic)
     o, lse, g = _run(q.at[:, :128].set(jnp.nan), k, v, causal=True, co=co.at[:, :128].set(jnp.nan),
                      deterministic=deterministic)
@@ -149,7 +151,7 @@ def test_persistent_backward_masked_positions():
     q, k, v = _qkv(6, 2, S, S, 4, 2)
     seg = np.concatenate([np.zeros(300, int), np.ones(S - n_pad - 300, int), -np.ones(n_pad, int)])
     mask = masks.from_segment_ids(seg, causal=True)
-    co = jnp.asarray(np.random.default_rng(7).standard_normal(q.shape), DTYPE)
+    co = _cotangent(q)
     o0, lse0, g0 = _run(q, k, v, mask, co=co, sm_margin=8)
     pad = slice(S - n_pad, S)
     o, lse, g = _run(q.at[:, pad].set(jnp.nan), k.at[:, pad].set(jnp.nan), v.at[:, pad].set(jnp.inf),
