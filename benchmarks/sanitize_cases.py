@@ -13,8 +13,9 @@ mode, sm_margin) runs each mask on the output of the general forward of its head
 multiples of the tiles, heads are GQA (4 query heads, 2 kv heads), soft-cap configurations get
 `--soft-cap`. Besides the suite's masks, "causal_padding" (causal, the last S / 16 positions
 padding) holds NaN in q, k, v and dout at its padded positions: the tiles whose masked rows the
-kernels zero in shared memory (README "Guarantees"). Outputs and gradients are checked against the reference, so a run the tool passes
-also computed the right thing. Run it under the tools, e.g.
+kernels zero in shared memory (README "Guarantees"). Outputs and gradients are checked against
+the reference, so a run the tool passes also computed the right thing. Run it under the tools,
+e.g.
 
     compute-sanitizer --tool memcheck  --kernel-name kns=jfm python3 benchmarks/sanitize_cases.py
     compute-sanitizer --tool racecheck --kernel-name kns=jfm python3 benchmarks/sanitize_cases.py \\

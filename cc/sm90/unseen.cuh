@@ -1,6 +1,7 @@
 // Masked positions that may hold NaN / Inf (README "Guarantees",
-// docs/decisions.md#nan-guarantee-cuda): the rows of a shared-memory tile that no product may see are overwritten with zeros before the
-// tile's consumers are released, on the tiles that hold such rows only.
+// docs/decisions.md#nan-guarantee-cuda): the rows of a shared-memory tile that no product may see
+// are overwritten with zeros before the tile's consumers are released, on the tiles that hold such
+// rows only.
 //  * unseen key columns (masked for every query row of their mask head): the V rows of a forward
 //    key block, the K and V rows of a backward CTA's key block (columns unseen under every mask
 //    head of the kv group); flagged per key block by block_meta_sm90's unseen words (one bit per
