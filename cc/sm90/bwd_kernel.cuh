@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     Barrier::init(&ss.aux, 1);
     Barrier::init(&ss.zreq, 1);
     Barrier::init(&ss.zdone, 1);
+    Barrier::init(&ss.zfin, 32);
     ss.aux_uses = 0u;
     cutlass::arch::fence_barrier_init();
   }

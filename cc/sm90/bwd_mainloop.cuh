@@ -194,10 +194,11 @@ __device__ __forceinline__ void bwd_zero_empty_rows(const float* lse2, SQ& sQ, S
   }
 }
 // The zero warp: serves the TMA lane's requests until kZeroStop. rs0: the row statistics
-// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job and arrives; __syncwarp orders every
-// lane's stores and fence before that arrival. compute-sanitizer's racecheck does not follow a warp
-// barrier before one lane's arrival: it reports the d = 256 consumers' dQ stores over the stage as
-// racing with lanes 1-31's zeros (docs/decisions.md#nan-guarantee-cuda).
+// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job; every lane arrives on `zfin` (32
+// arrivals) after its stores and fence, and lane 0 completes the full barrier once zfin's phase
+// is done: each store precedes an arrival of its own thread, the order compute-sanitizer's
+// racecheck follows (a __syncwarp before one lane's arrival is as correct, but racecheck reports
+// the d = 256 consumers' dQ stores over the stage as racing with the other lanes' zeros).
 template <int Bm, int Bn, int D, class SQ, class SK, class Storage>
 __device__ __forceinline__ void bwd_zero_warp(BwdArgs const& a, Storage& ss, SQ& sQ, SQ& sdO,
                                               SK& sK, SK& sV, const float* rs0, int lane) {
@@ -219,8 +220,9 @@ __device__ __forceinline__ void bwd_zero_warp(BwdArgs const& a, Storage& ss, SQ&
     if (kind == kZeroKV) bwd_zero_unseen_kv<Bn, D>(a, sK, sV, hk, b, y, lane, 32);
     else bwd_zero_empty_rows<Bm, D>(rs0 + y * 2 * Bm, sQ, sdO, y, lane, 32);
     fence_generic_to_async_shared();
-    __syncwarp();
+    pp_arrive(&ss.zfin);  // each lane's stores, then its own arrival (see above)
     if (lane == 0) {
+      pp_wait(&ss.zfin, (int)(k & 1u));
       pp_arrive(kind == kZeroKV ? &ss.kv_full : &ss.full[y]);
       pp_arrive(&ss.zdone);
     }

@@ -325,6 +325,7 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
     alignas(8) uint64_t aux;           // tiles with masked rows to zero (unseen.cuh)
     alignas(8) uint64_t zreq;          // a zero request posted (bwd_mainloop.cuh)
     alignas(8) uint64_t zdone;         // the zero warp done with it
+    alignas(8) uint64_t zfin;          // each zero-warp lane's stores fenced (32 arrivals)
     int zjob[4];                       // the request: kind, stage or key block, hk, b
     uint32_t aux_uses;                 // requests so far
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
@@ -467,6 +468,7 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
     alignas(8) uint64_t aux;                  // tiles with masked rows to zero (unseen.cuh)
     alignas(8) uint64_t zreq;                 // a zero request posted (bwd_mainloop.cuh)
     alignas(8) uint64_t zdone;                // the zero warp done with it
+    alignas(8) uint64_t zfin;                 // each zero-warp lane's stores fenced (32 arrivals)
     int zjob[4];                              // the request: kind, stage or key block, hk, b
     uint32_t aux_uses;                        // requests so far
   };
