@@ -93,11 +93,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Barrier::init(&ss.pds_empty[s], kConsumers);
     }
     Barrier::init(&ss.kv_full, 1);
-    Barrier::init(&ss.aux, 1);
-    Barrier::init(&ss.zreq, 1);
-    Barrier::init(&ss.zdone, 1);
-    Barrier::init(&ss.zfin, 32);
-    ss.aux_uses = 0u;
+    ss.z.init();
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -122,7 +118,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
         // K / V with the kv group's unseen columns zeroed where the block holds any (unseen.cuh)
         if (bwd_unseen_any(a.unseen, a.Hm, a.nblk, a.heads_per_kv, a.heads_per_mask, b, hk, n))
-          bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, hk, b, n);
+          bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss.z, hk, b, n);
         else
           bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &ss.kv_full, hk, b, n);
         int stage = 0, phase = 0;
@@ -138,14 +134,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, &ss.full[stage],
                                        b, h, m, stage);
           else  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
-            bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss, b, h,
-                                              m, stage);
+            bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss.z, b,
+                                              h, m, stage);
           if (++stage == S) { stage = 0; phase ^= 1; }
           ++m;
           have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
         }
       }
-      if (lane == 0) bwd_zero_stop(ss);  // `have` is false here
+      if (lane == 0) bwd_zero_stop(ss.z);  // `have` is false here
     } else if (warp == 1) {
       // dQ writer: both halves of the tile's dQ, then the stage goes back
       int stage = 0, phase = 0;

@@ -146,11 +146,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     Barrier::init(&ss.kv_full, 1);
     if constexpr (kPersist) Barrier::init(&ss.x.kv_empty, kConsumers);
-    Barrier::init(&ss.aux, 1);
-    Barrier::init(&ss.zreq, 1);
-    Barrier::init(&ss.zdone, 1);
-    Barrier::init(&ss.zfin, 32);
-    ss.aux_uses = 0u;
+    ss.z.init();
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -207,7 +203,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (!have) continue;
           sched.producer_kv_acquire(ss, kvu);
           ++kvu;
-          if (zkv) bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss, w.hk, w.b, w.n);
+          if (zkv)
+            bwd_load_kv_zeroed<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, ss.z, w.hk, w.b, w.n);
           else bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &ss.kv_full, w.hk, w.b, w.n);
           while (have) {
             const int h = w.hk * a.heads_per_kv + g;
@@ -236,7 +233,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs,
                                          &ss.full[stage], w.b, h, m, stage);
             else  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
-              bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss,
+              bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss.z,
                                                 w.b, h, m, stage);
             if (++stage == S) { stage = 0; phase ^= 1; }
             if constexpr (T::kLockstep) {
@@ -249,7 +246,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             }
           }
         }
-        bwd_zero_stop(ss);
+        bwd_zero_stop(ss.z);
       }
     } else if (warp == 1) {
       // dQ writer; with Sched::kWriterTakesItems also the item's skip marks (deterministic mode)

@@ -97,55 +97,51 @@ __device__ __forceinline__ void bwd_load_q_do(BwdArgs const& a, TmaQ const& tma_
 }
 
 // ---------------------------------------------------------------------------------------------
-// Masked positions (unseen.cuh). The TMA lane stages a flagged tile onto ss.aux and hands it to
-// the zero warp with a request in ss.zjob ({kind, stage or key block, hk, b}; zreq: posted, zdone:
-// done, so aux and the slot are free again), and goes on with the next tile: the tile's landing and
-// its zeroing (32 lanes, a row each) are off the TMA lane's path. The zero warp fences its stores
-// for the async proxy and completes the consumers' full barrier with its one arrival.
-// ss.aux_uses counts the requests (in shared memory: the producer has 24 registers).
+// Masked positions (unseen.cuh). The TMA lane stages a flagged tile onto the hand-off's `aux`
+// barrier, posts a request (BwdZeroHandoff, traits.h) and goes on with the next tile: the tile's
+// landing and its zeroing (32 lanes, a row each) are off the TMA lane's path. The zero warp fences
+// its stores for the async proxy and completes the consumers' full barrier with its one arrival.
 enum BwdZeroKind : int { kZeroStop = 0, kZeroKV = 1, kZeroQdO = 2 };
-template <class Storage>
-__device__ __forceinline__ void bwd_zero_claim(Storage& ss) {
-  volatile uint32_t* u = &ss.aux_uses;
+__device__ __forceinline__ void bwd_zero_claim(BwdZeroHandoff& z) {
+  volatile uint32_t* u = &z.uses;
   const uint32_t k = *u;
   *u = k + 1u;
-  if (k > 0u) pp_wait(&ss.zdone, (int)((k - 1u) & 1u));  // the previous request done
+  if (k > 0u) pp_wait(&z.done, (int)((k - 1u) & 1u));  // the previous request done
 }
-template <class Storage>
-__device__ __forceinline__ void bwd_zero_post(Storage& ss, int kind, int y, int hk, int b) {
-  volatile int* j = ss.zjob;
+__device__ __forceinline__ void bwd_zero_post(BwdZeroHandoff& z, int kind, int y, int hk, int b) {
+  volatile int* j = z.job;
   j[0] = kind;
   j[1] = y;
   j[2] = hk;
   j[3] = b;
-  pp_arrive(&ss.zreq);  // release: the job is visible to the zero warp's wait
+  pp_arrive(&z.req);  // release: the job is visible to the zero warp's wait
 }
 // The TMA lane, after its last tile: the zero warp's loop ends.
-template <class Storage>
-__device__ __forceinline__ void bwd_zero_stop(Storage& ss) {
-  bwd_zero_claim(ss);
-  bwd_zero_post(ss, kZeroStop, 0, 0, 0);
+__device__ __forceinline__ void bwd_zero_stop(BwdZeroHandoff& z) {
+  bwd_zero_claim(z);
+  bwd_zero_post(z, kZeroStop, 0, 0, 0);
 }
 // K and V of key block n where bwd_unseen_any said the kv group may leave columns unseen: they
 // land on `aux`, and the zero warp clears the columns every mask head of the group leaves unseen.
-template <class Elem, int Bn, int D, class TmaK, class MK, class SK, class Storage>
+template <class Elem, int Bn, int D, class TmaK, class MK, class SK>
 __device__ __forceinline__ void bwd_load_kv_zeroed(TmaK const& tma_k, TmaK const& tma_v,
                                                    MK const& mK, MK const& mV, SK& sK, SK& sV,
-                                                   Storage& ss, int hk, int b, int n) {
-  bwd_zero_claim(ss);
-  bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &ss.aux, hk, b, n);
-  bwd_zero_post(ss, kZeroKV, n, hk, b);
+                                                   BwdZeroHandoff& z, int hk, int b, int n) {
+  bwd_zero_claim(z);
+  bwd_load_kv<Elem, Bn, D>(tma_k, tma_v, mK, mV, sK, sV, &z.aux, hk, b, n);
+  bwd_zero_post(z, kZeroKV, n, hk, b);
 }
 // A Q / dO tile with fully masked rows (tile flag set): Q, dO and the row statistics land on
 // `aux`; the zero warp clears the rows whose lse2 is +inf.
-template <class Elem, int Bm, int D, class TmaQ, class TQg, class TQs, class Storage>
+template <class Elem, int Bm, int D, class TmaQ, class TQg, class TQs>
 __device__ __forceinline__ void bwd_load_q_do_zeroed(BwdArgs const& a, TmaQ const& tma_q,
                                                      TmaQ const& tma_do, TQg const& tQg, TQs& tQs,
                                                      TQg const& tdOg, TQs& tdOs, float* rs,
-                                                     Storage& ss, int b, int h, int m, int stage) {
-  bwd_zero_claim(ss);
-  bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, &ss.aux, b, h, m, stage);
-  bwd_zero_post(ss, kZeroQdO, stage, 0, 0);
+                                                     BwdZeroHandoff& z, int b, int h, int m,
+                                                     int stage) {
+  bwd_zero_claim(z);
+  bwd_load_q_do<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, &z.aux, b, h, m, stage);
+  bwd_zero_post(z, kZeroQdO, stage, 0, 0);
 }
 // The zero warp's two jobs. Lane t of nt takes rows t, t + nt, ... of the tile (across 8
 // consecutive rows a chunk index sits in 8 distinct bank groups under the 128B swizzle, so a
@@ -194,8 +190,8 @@ __device__ __forceinline__ void bwd_zero_empty_rows(const float* lse2, SQ& sQ, S
   }
 }
 // The zero warp: serves the TMA lane's requests until kZeroStop. rs0: the row statistics
-// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job; every lane arrives on `zfin` (32
-// arrivals) after its stores and fence, and lane 0 completes the full barrier once zfin's phase
+// [stage][2][Bm] (lse2 first). Lane 0 alone reads the job; every lane arrives on `fin` (32
+// arrivals) after its stores and fence, and lane 0 completes the full barrier once fin's phase
 // is done: each store precedes an arrival of its own thread, the order compute-sanitizer's
 // racecheck follows (a __syncwarp before one lane's arrival is as correct, but racecheck reports
 // the d = 256 consumers' dQ stores over the stage as racing with the other lanes' zeros).
@@ -205,10 +201,10 @@ __device__ __forceinline__ void bwd_zero_warp(BwdArgs const& a, Storage& ss, SQ&
   static_assert(sizeof(typename SQ::value_type) == 2, "sw128_chunk: 16-bit elements");
 #pragma unroll 1
   for (uint32_t k = 0;; ++k) {
-    pp_wait(&ss.zreq, (int)(k & 1u));
+    pp_wait(&ss.z.req, (int)(k & 1u));
     int4 j = make_int4(0, 0, 0, 0);
     if (lane == 0) {
-      volatile int* p = ss.zjob;
+      volatile int* p = ss.z.job;
       j = make_int4(p[0], p[1], p[2], p[3]);
     }
     const int kind = __shfl_sync(0xffffffffu, j.x, 0);
@@ -216,15 +212,15 @@ __device__ __forceinline__ void bwd_zero_warp(BwdArgs const& a, Storage& ss, SQ&
     const int hk = __shfl_sync(0xffffffffu, j.z, 0);
     const int b = __shfl_sync(0xffffffffu, j.w, 0);
     if (kind == kZeroStop) return;
-    pp_wait(&ss.aux, (int)(k & 1u));
+    pp_wait(&ss.z.aux, (int)(k & 1u));
     if (kind == kZeroKV) bwd_zero_unseen_kv<Bn, D>(a, sK, sV, hk, b, y, lane, 32);
     else bwd_zero_empty_rows<Bm, D>(rs0 + y * 2 * Bm, sQ, sdO, y, lane, 32);
     fence_generic_to_async_shared();
-    pp_arrive(&ss.zfin);  // each lane's stores, then its own arrival (see above)
+    pp_arrive(&ss.z.fin);  // each lane's stores, then its own arrival (see above)
     if (lane == 0) {
-      pp_wait(&ss.zfin, (int)(k & 1u));
+      pp_wait(&ss.z.fin, (int)(k & 1u));
       pp_arrive(kind == kZeroKV ? &ss.kv_full : &ss.full[y]);
-      pp_arrive(&ss.zdone);
+      pp_arrive(&ss.z.done);
     }
   }
 }

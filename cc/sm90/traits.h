@@ -196,6 +196,29 @@ struct FwdTraitsSoftCap : Base {
   static constexpr bool kSoftCap = true;
 };
 
+// The backward's hand-off of flagged tiles from the TMA lane to the zero warp (unseen.cuh,
+// bwd_mainloop.cuh), in the shared memory of both backward kernels: a tile lands on `aux`, the
+// request goes to `job` ({kind, stage or key block, hk, b}; `req`: posted, `done`: served, so aux
+// and the slot are free again), and `fin` collects the zero-warp lanes' arrivals after their
+// stores. `uses` counts the requests (in shared memory: the producer has 24 registers).
+struct BwdZeroHandoff {
+  alignas(8) uint64_t aux;
+  alignas(8) uint64_t req;
+  alignas(8) uint64_t done;
+  alignas(8) uint64_t fin;  // 32 arrivals, one per zero-warp lane
+  int job[4];
+  uint32_t uses;
+
+  __device__ __forceinline__ void init() {
+    using Barrier = cutlass::arch::ClusterTransactionBarrier;
+    Barrier::init(&aux, 1);
+    Barrier::init(&req, 1);
+    Barrier::init(&done, 1);
+    Barrier::init(&fin, 32);
+    uses = 0u;
+  }
+};
+
 // What the backward kernels share (BwdTraits, BwdD256Traits): 384 threads (a producer warpgroup
 // and two consumer warpgroups), the 2-stage Q / dO ring (Bm, D, Stages), K-major, with its
 // (D, Bm, Stages) MN-major views for dK / dV, and the K / V tiles (Bn, D) with their MN-major view.
@@ -322,12 +345,7 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
     alignas(8) uint64_t dq_full[kDqBufs];  // dQ tile stored by the consumers
     alignas(8) uint64_t dq_empty[kDqBufs]; // dQ tile read by its bulk reduce
     alignas(8) uint64_t kv_full;       // K + V landed
-    alignas(8) uint64_t aux;           // tiles with masked rows to zero (unseen.cuh)
-    alignas(8) uint64_t zreq;          // a zero request posted (bwd_mainloop.cuh)
-    alignas(8) uint64_t zdone;         // the zero warp done with it
-    alignas(8) uint64_t zfin;          // each zero-warp lane's stores fenced (32 arrivals)
-    int zjob[4];                       // the request: kind, stage or key block, hk, b
-    uint32_t aux_uses;                 // requests so far
+    BwdZeroHandoff z;                  // flagged tiles to the zero warp (bwd_mainloop.cuh)
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
     Extra x;
     int walk_start;                    // 80-row kernels: the clocked walk's first tile, -1: ascending
@@ -465,12 +483,7 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
     alignas(8) uint64_t pds_full[kPdsBufs];   // P^T / dS^T slices of both warpgroups stored
     alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
     alignas(8) uint64_t kv_full;              // K + V landed
-    alignas(8) uint64_t aux;                  // tiles with masked rows to zero (unseen.cuh)
-    alignas(8) uint64_t zreq;                 // a zero request posted (bwd_mainloop.cuh)
-    alignas(8) uint64_t zdone;                // the zero warp done with it
-    alignas(8) uint64_t zfin;                 // each zero-warp lane's stores fenced (32 arrivals)
-    int zjob[4];                              // the request: kind, stage or key block, hk, b
-    uint32_t aux_uses;                        // requests so far
+    BwdZeroHandoff z;                         // flagged tiles to the zero warp (bwd_mainloop.cuh)
   };
 };
 

@@ -20,8 +20,8 @@
 // Contract: a tile's rows are 16-byte chunks of 8 contiguous elements in its CuTe smem layout (the
 //   K-major 128B-swizzle atoms of traits.h: the swizzle permutes whole 16-byte chunks).
 // Synchronization: `aux` (1 arrival + the copies' bytes), one phase in flight at a time (forward:
-//   the producer waits for it; backward: the zero warp's `zdone` frees it); fence.proxy.async
-//   before the full arrive.
+//   the producer waits for it; backward: the zero warp's `done` of BwdZeroHandoff frees it);
+//   fence.proxy.async before the full arrive.
 // Knobs: none.
 #pragma once
 
