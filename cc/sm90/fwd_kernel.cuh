@@ -219,7 +219,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // FA3-style: the softmax of block t overlaps the QK^T GEMM of block t+1 and the PV GEMM of
         // block t-1 inside the warpgroup; with two consumer warpgroups the GEMM issue alternates
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
-        constexpr bool kPingPong = NWG == 2;
+        // The d = 256 kernels without mask bits instead keep each warpgroup's softmax under its own
+        // PV GEMM and let both warpgroups issue freely (docs/decisions.md#fwd-d256-own-pv).
+        constexpr bool kOwnPv = NWG == 2 && D > 128 && !T::kMaskBits;
+        constexpr bool kPingPong = NWG == 2 && !kOwnPv;
         // NWG = 3: the same idea as a round robin. Warpgroup w issues its GEMMs after
         // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
         // the tensor pipe takes warpgroup 0, 1, 2, 0, ... and each softmax runs under the two other
@@ -279,9 +282,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
           if (last) EmptyBarrier::arrive(&ss.q_empty[slot]);  // last QK^T of the tile done: Q is free
-          ml.finish_scores(partial, n, rd, row0, bnd);
           float corr[2];
-          const bool resc = softmax.online_softmax(tSrS, corr);
+          bool resc;
+          if constexpr (kOwnPv) {
+            // One copy of the scores' path per block kind: after a control-flow merge ahead of
+            // the softmax, ptxas places the wait for the PV GEMM in flight before the softmax,
+            // which then no longer runs under it.
+            resc = partial ? ml.template scores_to_p<true>(softmax, n, rd, row0, bnd, corr)
+                           : ml.template scores_to_p<false>(softmax, n, rd, row0, bnd, corr);
+          } else {
+            ml.finish_scores(partial, n, rd, row0, bnd);
+            resc = softmax.online_softmax(tSrS, corr);
+          }
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(tOrP);

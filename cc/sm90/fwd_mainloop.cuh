@@ -355,6 +355,19 @@ struct FwdMainloop {
     }
   }
 
+  // A kept block's scores to P: finish_scores, then the online softmax (the O correction
+  // factors in corr; returns whether O must be rescaled), P pinned before the caller's next
+  // wgmma wait. kPartial is a template argument so that the block loop branches once per block
+  // and each branch holds its own copy of this path.
+  template <bool kPartial, class Softmax>
+  __device__ __forceinline__ bool scores_to_p(Softmax& softmax, int n, State st, int row0,
+                                              const int32_t* bnd, float (&corr)[2]) {
+    finish_scores(kPartial, n, st, row0, bnd);
+    const bool resc = softmax.online_softmax(tSrS, corr);
+    warpgroup_fence_operand(tSrS);
+    return resc;
+  }
+
   __device__ __forceinline__ void convert_p() {
     CUTE_UNROLL
     for (int e = 0; e < Bn / 2; e += 2) {
