@@ -33,6 +33,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   using Elem = typename T::Elem;
   constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, NWG = T::NWG, QS = T::QStages;
+  // The d = 256 kernels without mask bits: free GEMM issue (no ping-pong turns) with each
+  // warpgroup's softmax under its own PV GEMM (docs/decisions.md#fwd-d256-own-pv), and the
+  // producer loading K one block ahead of V.
+  constexpr bool kOwnPv = NWG == 2 && D > 128 && !T::kMaskBits;
+  constexpr bool kKAhead = kOwnPv;
   using Pipeline = typename T::Pipeline;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -92,6 +97,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
+      auto wr_v = wr;  // kKAhead: V's own state (else V shares K's)
       int t = sched.first_tile();
       for (int it = 0;; ++it) {
         const int slot = it % QS;
@@ -113,27 +119,55 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             __ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * nblk) != 0;
         FwdKeptBlocks<T> blocks(fwd_block_meta(a, tile.b, hm), nblk, ms, me, a.Sk, lane,
                                 a.group_meta, sched.reversed(t));
-        while (blocks.has_next()) {
-          bool partial;
-          const int n = blocks.next(partial, a.group_meta);
-          if (lane == 0) {
-            fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
-                          tile.b * a.Hm + hm, ms);
-          }
-          // with tile_unseen, lane i < 4 loads word i of the block's unseen columns (issued after
-          // the K copy: live across it, the word spilled the walk's state in this loop)
+        // V of key block n into stage wv (with tile_unseen, lane i < 4 loads word i of the block's
+        // unseen columns, issued after the K copy: live across it, the word spilled the walk's
+        // state in this loop)
+        auto load_v = [&](auto const& wv, int n, auto const& gV, auto& sVs) {
           uint32_t uw = 0u;
           if (tile_unseen && lane < 4)
             uw = (uint32_t)__ldg(fwd_block_meta(a, tile.b, hm) + a.unseen_off + 4 * n + lane);
           if (tile_unseen && __any_sync(0xffffffffu, uw != 0u)) {
-            fwd_load_v_zeroed<T>(ss, tma_v, tVgV, tVsV, sV, wr, n,
+            fwd_load_v_zeroed<T>(ss, tma_v, gV, sVs, sV, wv, n,
                                  reinterpret_cast<const uint32_t*>(fwd_block_meta(a, tile.b, hm) +
                                                                    a.unseen_off + 4 * n),
                                  lane);
           } else if (lane == 0) {
-            fwd_load_v(tma_v, tVgV, tVsV, pipe_v, wr, n);
+            fwd_load_v(tma_v, gV, sVs, pipe_v, wv, n);
           }
-          ++wr;
+        };
+        if constexpr (kKAhead) {
+          // K of block n+1 before V of block n: K's stage is free once its QK^T completed, V's only
+          // once the PV GEMM a block later did, so in order K would wait behind V's release.
+          int n_prev = -1;
+          while (blocks.has_next()) {
+            bool partial;
+            const int n = blocks.next(partial, a.group_meta);
+            if (lane == 0) {
+              fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
+                            tile.b * a.Hm + hm, ms);
+            }
+            ++wr;
+            if (n_prev >= 0) {
+              load_v(wr_v, n_prev, tVgV, tVsV);
+              ++wr_v;
+            }
+            n_prev = n;
+          }
+          if (n_prev >= 0) {
+            load_v(wr_v, n_prev, tVgV, tVsV);
+            ++wr_v;
+          }
+        } else {
+          while (blocks.has_next()) {
+            bool partial;
+            const int n = blocks.next(partial, a.group_meta);
+            if (lane == 0) {
+              fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
+                            tile.b * a.Hm + hm, ms);
+            }
+            load_v(wr, n, tVgV, tVsV);
+            ++wr;
+          }
         }
         t = __shfl_sync(0xffffffffu, t_next, 0);
       }
@@ -222,7 +256,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // (ping-pong through named barriers 1 and 2) so one group's softmax hides the other's GEMMs.
         // The d = 256 kernels without mask bits instead keep each warpgroup's softmax under its own
         // PV GEMM and let both warpgroups issue freely (docs/decisions.md#fwd-d256-own-pv).
-        constexpr bool kOwnPv = NWG == 2 && D > 128 && !T::kMaskBits;
         constexpr bool kPingPong = NWG == 2 && !kOwnPv;
         // NWG = 3: the same idea as a round robin. Warpgroup w issues its GEMMs after
         // a sync on named barrier 1 + w and then arrives on the next one's (1 + (w + 1) % 3), so
