@@ -3,10 +3,11 @@
 // tiles only. Warp specialized: warpgroup 0 = producer (lane 0 of warp 0 issues the TMA loads of
 // Q, K, V and, for partial key blocks, bulk copies of their bounds; with mask bits warps 1-2 build
 // the element bit words), warpgroups 1..NWG = consumers (64 query rows each), ping-pong (or a
-// round robin of three; free issue in the d = 256 kernels without mask bits) of their GEMMs with
-// softmax / GEMM overlap inside a warpgroup. The kept
-// key-block sequence comes from the per-warp KeptBlocks walk (mask_walk.cuh). Persistent grid:
-// CTAs take query tiles (or pairs) from a global counter, heaviest first within a head.
+// round robin of three; free issue in the d = 256 kernels without mask bits, whose producer also
+// loads K one block ahead of V) of their GEMMs with softmax / GEMM overlap inside a warpgroup.
+// The kept key-block sequence comes from the per-warp KeptBlocks walk (mask_walk.cuh).
+// Persistent grid: CTAs take query tiles (or pairs) from a global counter, heaviest first within
+// a head.
 // Contract: out / lse of FwdParams for any canonical bounds; fully masked rows give 0 / -inf.
 // Synchronization: K / V pipelines (PipelineTmaAsync), Q full / empty and the tile-id slots
 //   (mbarriers), named barriers 1..NWG for the GEMM turns; mask bits: job_full / bits_full.
