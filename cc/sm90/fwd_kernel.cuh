@@ -136,38 +136,31 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             fwd_load_v(tma_v, gV, sVs, pipe_v, wv, n);
           }
         };
-        if constexpr (kKAhead) {
-          // K of block n+1 before V of block n: K's stage is free once its QK^T completed, V's only
-          // once the PV GEMM a block later did, so in order K would wait behind V's release.
-          int n_prev = -1;
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial, a.group_meta);
-            if (lane == 0) {
-              fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
-                            tile.b * a.Hm + hm, ms);
-            }
-            ++wr;
+        // kKAhead: K of block n+1 before V of block n. K's stage is free once its QK^T completed,
+        // V's only once the PV GEMM a block later did, so in order K would wait behind V's release.
+        int n_prev = -1;
+        while (blocks.has_next()) {
+          bool partial;
+          const int n = blocks.next(partial, a.group_meta);
+          if (lane == 0) {
+            fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
+                          tile.b * a.Hm + hm, ms);
+          }
+          if constexpr (kKAhead) {
             if (n_prev >= 0) {
               load_v(wr_v, n_prev, tVgV, tVsV);
               ++wr_v;
             }
             n_prev = n;
+          } else {
+            load_v(wr, n, tVgV, tVsV);
           }
+          ++wr;
+        }
+        if constexpr (kKAhead) {
           if (n_prev >= 0) {
             load_v(wr_v, n_prev, tVgV, tVsV);
             ++wr_v;
-          }
-        } else {
-          while (blocks.has_next()) {
-            bool partial;
-            const int n = blocks.next(partial, a.group_meta);
-            if (lane == 0) {
-              fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
-                            tile.b * a.Hm + hm, ms);
-            }
-            load_v(wr, n, tVgV, tVsV);
-            ++wr;
           }
         }
         t = __shfl_sync(0xffffffffu, t_next, 0);
