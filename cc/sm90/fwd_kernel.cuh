@@ -2,9 +2,9 @@
 // fp32 online softmax, block skip from the per-key-block metadata, element masking on partial
 // tiles only. Warp specialized: warpgroup 0 = producer (lane 0 of warp 0 issues the TMA loads of
 // Q, K, V and, for partial key blocks, bulk copies of their bounds; with mask bits warps 1-2 build
-// the element bit words), warpgroups 1..NWG = consumers (64 query rows each), ping-pong (or a
-// round robin of three; free issue in the d = 256 kernels without mask bits, whose producer also
-// loads K one block ahead of V) of their GEMMs with softmax / GEMM overlap inside a warpgroup.
+// the element bit words; K goes one key block ahead of V), warpgroups 1..NWG = consumers (64
+// query rows each), ping-pong (or a round robin of three; free issue in the d = 256 kernels
+// without mask bits) of their GEMMs with softmax / GEMM overlap inside a warpgroup.
 // The kept key-block sequence comes from the per-warp KeptBlocks walk (mask_walk.cuh).
 // Persistent grid: CTAs take query tiles (or pairs) from a global counter, heaviest first within
 // a head.
@@ -35,10 +35,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   using Elem = typename T::Elem;
   constexpr int D = T::D, Bn = T::Bn, Bm = T::Bm, NWG = T::NWG, QS = T::QStages;
   // The d = 256 kernels without mask bits: free GEMM issue (no ping-pong turns) with each
-  // warpgroup's softmax under its own PV GEMM (docs/decisions.md#fwd-d256-own-pv), and the
-  // producer loading K one block ahead of V.
+  // warpgroup's softmax under its own PV GEMM (docs/decisions.md#fwd-d256-own-pv).
   constexpr bool kOwnPv = NWG == 2 && D > 128 && !T::kMaskBits;
-  constexpr bool kKAhead = kOwnPv;
   using Pipeline = typename T::Pipeline;
   using Storage = typename T::SharedStorage;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
@@ -98,7 +96,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       Tensor mK = tma_k.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       Tensor mV = tma_v.get_tma_tensor(make_shape(a.Sk, D, a.K, a.B));
       auto wr = cutlass::make_producer_start_state<Pipeline>();
-      auto wr_v = wr;  // kKAhead: V's own state (else V shares K's)
+      auto wr_v = wr;  // V's own state: V is loaded a block behind K
       int t = sched.first_tile();
       for (int it = 0;; ++it) {
         const int slot = it % QS;
@@ -136,8 +134,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             fwd_load_v(tma_v, gV, sVs, pipe_v, wv, n);
           }
         };
-        // kKAhead: K of block n+1 before V of block n. K's stage is free once its QK^T completed,
-        // V's only once the PV GEMM a block later did, so in order K would wait behind V's release.
+        // K of block n+1 goes out before V of block n (docs/decisions.md#fwd-k-ahead): K's stage
+        // is free once its QK^T completed, V's only once the PV GEMM a block later did, so in
+        // block order the next K would wait behind V's release.
         int n_prev = -1;
         while (blocks.has_next()) {
           bool partial;
@@ -146,22 +145,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             fwd_load_k<T>(a, ss, tma_k, tKgK, tKsK, pipe_k, wr, n, partial, bnd,
                           tile.b * a.Hm + hm, ms);
           }
-          if constexpr (kKAhead) {
-            if (n_prev >= 0) {
-              load_v(wr_v, n_prev, tVgV, tVsV);
-              ++wr_v;
-            }
-            n_prev = n;
-          } else {
-            load_v(wr, n, tVgV, tVsV);
-          }
-          ++wr;
-        }
-        if constexpr (kKAhead) {
           if (n_prev >= 0) {
             load_v(wr_v, n_prev, tVgV, tVsV);
             ++wr_v;
           }
+          n_prev = n;
+          ++wr;
+        }
+        if (n_prev >= 0) {
+          load_v(wr_v, n_prev, tVgV, tVsV);
+          ++wr_v;
         }
         t = __shfl_sync(0xffffffffu, t_next, 0);
       }
