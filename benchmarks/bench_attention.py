@@ -208,8 +208,9 @@ def compare(got, ref) -> dict:
 
 
 def time_jax(fn, args, *, iters: int, min_iters: int, budget_s: float, out_bytes: int,
-             sample_ms: float = 20.0, max_live_bytes: int = 8 << 30) -> float:
-    """Median milliseconds of `fn(*args)` under jit: warm-up, then samples of back-to-back calls.
+             sample_ms: float = 20.0, max_live_bytes: int = 8 << 30) -> list[float]:
+    """Milliseconds per call of `fn(*args)` under jit, one value per sample: warm-up, then samples
+    of back-to-back calls.
 
     Each sample dispatches `inner` calls and blocks once (JAX dispatch is asynchronous, so the
     host overhead hides behind the device work); inner is chosen so a sample lasts ~`sample_ms`
@@ -230,13 +231,13 @@ def time_jax(fn, args, *, iters: int, min_iters: int, budget_s: float, out_bytes
         t0 = time.perf_counter()
         outs = [fn(*args) for _ in range(inner)]
         jax.block_until_ready(outs)
-        samples.append((time.perf_counter() - t0) / inner)
+        samples.append((time.perf_counter() - t0) / inner * 1e3)
         del outs
-    return statistics.median(samples) * 1e3
+    return samples
 
 
-def time_torch(fn, *, iters: int, min_iters: int, budget_s: float, grad_to_none=None) -> float:
-    """Median milliseconds by CUDA events (triton.testing.do_bench, return_mode="median")."""
+def time_torch(fn, *, iters: int, min_iters: int, budget_s: float, grad_to_none=None) -> list[float]:
+    """Milliseconds of each call timed by CUDA events (triton.testing.do_bench, return_mode="all")."""
     import torch
     from triton.testing import do_bench
 
@@ -248,7 +249,7 @@ def time_torch(fn, *, iters: int, min_iters: int, budget_s: float, grad_to_none=
     est_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
     rep = max(min(iters * est_ms, budget_s * 1e3), min_iters * est_ms, 100.0)
     warmup = max(25.0, 2 * est_ms)
-    return float(do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median"))
+    return [float(t) for t in do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="all")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,8 +345,8 @@ class JaxImpl:
         keys = jax.random.split(jax.random.key(seed), 4)
         return [jax.random.normal(kk, (B, S, H, d), jnp.bfloat16) for kk in keys]
 
-    def time(self, case: Case, inputs, phase: str) -> float:
-        """Median ms of the forward ("fwd") or of forward+backward ("bwd")."""
+    def time(self, case: Case, inputs, phase: str) -> list[float]:
+        """Samples (ms) of the forward ("fwd") or of forward+backward ("bwd")."""
         fwd, fb = self._fns(case)
         q, k, v, do = inputs
         sri = self._sri(case)
@@ -508,8 +509,8 @@ class FlexImpl:
         g = torch.Generator(device="cuda").manual_seed(seed)
         return [torch.randn((B, H, S, d), device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4)]
 
-    def time(self, case: Case, inputs, phase: str) -> float:
-        """Median ms of the forward ("fwd") or of forward+backward ("bwd")."""
+    def time(self, case: Case, inputs, phase: str) -> list[float]:
+        """Samples (ms) of the forward ("fwd") or of forward+backward ("bwd")."""
         torch = self.torch
         a = self.args
         q, k, v, do = inputs
@@ -583,7 +584,7 @@ class FlexFlashImpl(FlexImpl):
     def check(self, case: Case, inputs, ref, phase: str) -> dict:
         return self._fitting(super().check, case, inputs, ref, phase)
 
-    def time(self, case: Case, inputs, phase: str) -> float:
+    def time(self, case: Case, inputs, phase: str) -> list[float]:
         return self._fitting(super().time, case, inputs, phase)
 
     @staticmethod
@@ -879,7 +880,8 @@ def run_one(impl, case: Case, ctx: dict, args) -> dict:
                 ok = c["finite"] and c["rel"] <= (TOL_OUT if phase == "fwd" else TOL_DQ)
                 res["check"] = "FAIL" if not ok or res.get("check") == "FAIL" else "pass"
             stage = f"time {phase}"
-            times[phase] = impl.time(case, inputs[fw], phase)
+            t = impl.time(case, inputs[fw], phase)
+            times[phase] = list(t) if isinstance(t, (list, tuple)) else [float(t)]
         except (Skip, NotImplementedError) as e:  # e.g. ours without its CUDA module / backward
             why = f"{stage}: {type(e).__name__}: {e}"[:600]
             if phase == "fwd":
@@ -897,7 +899,12 @@ def run_one(impl, case: Case, ctx: dict, args) -> dict:
             res.update(bwd_status="error", bwd_reason=f"{stage}: {msg[:600]}")
         finally:
             free_device_memory()
-    res["fwd_ms"], res["fwdbwd_ms"] = times.get("fwd"), times.get("bwd")
+    # the median is the figure; the samples stay in the JSON, so that a slow row shows whether
+    # every sample or a few were slow
+    for phase, key in (("fwd", "fwd_ms"), ("bwd", "fwdbwd_ms")):
+        res[key] = statistics.median(times[phase]) if phase in times else None
+        if phase in times:
+            res[f"{key[:-3]}_samples_ms"] = [round(x, 4) for x in times[phase]]
     tf = tflops_from_times(case.flops["fwd_flops"], res["fwd_ms"], res["fwdbwd_ms"])
     te = tflops_from_times(case.flops["fwd_flops_exact"], res["fwd_ms"], res["fwdbwd_ms"])
     res.update(

@@ -191,7 +191,7 @@ class _FakeImpl:
         return bench.compare(want + (1.0 if self.wrong else 0.0), want)
 
     def time(self, case, inputs, phase):
-        return 2.0 if phase == "fwd" else 7.0
+        return [2.5, 2.0, 1.5] if phase == "fwd" else [7.0]
 
 
 @pytest.mark.parametrize(
@@ -214,6 +214,7 @@ def test_run_one_phases(impl, status, bwd_status):
     assert res["status"] == status and res.get("bwd_status") == bwd_status, res
     if status in ("ok", "wrong"):
         assert res["fwd_ms"] == 2.0 and res["fwd_tflops"] == pytest.approx(case.flops["fwd_flops"] / 2e-3 / 1e12)
+        assert res["fwd_samples_ms"] == [2.5, 2.0, 1.5]  # the median is the figure, the samples are kept
         assert res["check"] == ("FAIL" if impl.wrong else "pass")
         if bwd_status is None:
             assert res["fwdbwd_ms"] == 7.0 and res["bwd_ms"] == 5.0 and res["err_dq"] is not None
