@@ -14,6 +14,9 @@ heads, d) it
    - ``allgather``: all-gather K/V, then one local attention (no overlap; SPEC §4's baseline),
    - ``ring``: the relay ring, the next piece's transfer overlapping this piece's attention,
    - ``ring-pruned``: the mask-pruned static schedule (only chunks some local row needs);
+   - with ``--nodes N`` (the devices split into N groups as if on N hosts, a (node, local) mesh):
+     ``hierarchical`` (the relay over the node axis, an all-gather inside the node) and
+     ``hierarchical-pruned``; every row then also counts the MiB each rank sends across nodes;
 
    checks the un-permuted output (and dq/dk/dv of ``sum(out * g)``) against the baseline, and
    times the forward and forward + backward;
@@ -58,6 +61,7 @@ import jax_flashmask as jf  # noqa: E402
 from jax_flashmask import context_parallel as cp  # noqa: E402
 
 COMMS = ("allgather", "ring", "ring-pruned")
+HIER_COMMS = ("hierarchical", "hierarchical-pruned")  # with --nodes > 1
 
 
 WARMUP = 2  # calls before timing (--warmup; with JAX_ENABLE_PGLE the profiled runs + the recompile)
@@ -183,12 +187,43 @@ def cp_plan(mk, P, m, pname):
     return plan, cp.plan_loads(plan, work), cp.needed_chunks(mk, plan)
 
 
-def cp_schedule(comm, P, m, plan, need):
+def cp_mesh(devs, nodes):
+    """The context-parallel mesh and its axis name: one axis "cp", or with ``nodes > 1`` the
+    devices split into `nodes` groups as if on as many hosts, axes ("node", "local") (rank =
+    row-major index, so every comm mode sees the same rank order)."""
+    if nodes <= 1:
+        return Mesh(devs, ("cp",)), "cp"
+    if len(devs) % nodes:
+        raise ValueError(f"--nodes {nodes} does not divide the {len(devs)} devices")
+    return Mesh(devs.reshape(nodes, -1), ("node", "local")), ("node", "local")
+
+
+def cp_schedule(comm, P, m, plan, need, nodes=1):
     """The static schedule of a ``-pruned`` comm mode (None for the others)."""
-    return cp.make_schedule(P, m, "ring", plan=plan, needed=need) if comm.endswith("-pruned") else None
+    if not comm.endswith("-pruned"):
+        return None
+    kind = comm.replace("-pruned", "")
+    return cp.make_schedule(P, m, kind, nodes=nodes if kind == "hierarchical" else 1, plan=plan,
+                            needed=need)
 
 
-def cp_programs(mesh, mk, comm, sched, impl, cp_kwargs, pruned_kwargs, attention_fn=None):
+def relay_volume(comm, P, m, nodes):
+    """Chunk slots per rank of the dense relay loops (no schedule), in `comm_volume`'s keys: every
+    rank receives the other ranks' (P-1)*m slots. The ring forwards all of them to its successor,
+    which sits on another node at each node boundary; the hierarchy relays over the node axis only
+    the slots of its own local slot, (nodes-1)*m, and gathers the rest inside the node."""
+    g = P // nodes
+    per = float((P - 1) * m)
+    if comm == "ring":
+        cross = np.array([per if (s + 1) % P // g != s // g else 0.0 for s in range(P)])
+    else:
+        cross = np.full(P, float((nodes - 1) * m))
+    return dict(sent=np.full(P, per), received=np.full(P, per), cross_node_sent=cross,
+                total=per * P, max_sent=per, max_received=per)
+
+
+def cp_programs(mesh, mk, comm, sched, impl, cp_kwargs, pruned_kwargs, attention_fn=None,
+                axis_name="cp"):
     """(forward, grad of sum(out * g)) of CP attention, jitted: args (q, k, v, ind, plan[, g])."""
     base = comm.replace("-pruned", "")
     # the comm-alone probe's stand-in attention goes through the autodiff merge
@@ -196,7 +231,7 @@ def cp_programs(mesh, mk, comm, sched, impl, cp_kwargs, pruned_kwargs, attention
 
     def fwd(q, k, v, ind, pl):
         return cp.context_parallel_attention(
-            q, k, v, ind, plan=pl, mesh=mesh, axis_name="cp", causal=mk.causal,
+            q, k, v, ind, plan=pl, mesh=mesh, axis_name=axis_name, causal=mk.causal,
             comm=base, schedule=sched, implementation=impl, attention_fn=attention_fn,
             attention_kwargs=cp_kwargs, **extra)
 
@@ -210,7 +245,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens-per-device", default="32768,65536")
     ap.add_argument("--masks", default="causal_document,document")
-    ap.add_argument("--comms", default=",".join(COMMS))
+    ap.add_argument("--comms", default=None,
+                    help=f"comma list of {', '.join(COMMS + HIER_COMMS)} (default: {','.join(COMMS)}, "
+                         "plus the hierarchical modes with --nodes > 1)")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="split the devices into this many groups as if on as many hosts: a two-level "
+                         "mesh (node, local); the hierarchical modes need it, the others run over both axes")
     add_program_args(ap)
     ap.add_argument("--no-bwd", action="store_true", help="time the forward only")
     ap.add_argument("--no-probes", action="store_true", help="skip the compute-/comm-alone probes")
@@ -229,12 +269,19 @@ def main():
 
     devs = np.array(jax.devices())
     P = len(devs)
-    mesh = Mesh(devs, ("cp",))
+    mesh, axis = cp_mesh(devs, a.nodes)
+    comms = (a.comms or ",".join(COMMS + (HIER_COMMS if a.nodes > 1 else ()))).split(",")
+    for comm in comms:
+        if comm not in COMMS + HIER_COMMS:
+            ap.error(f"--comms: unknown mode {comm!r}; choose from {', '.join(COMMS + HIER_COMMS)}")
+        if comm in HIER_COMMS and a.nodes < 2:
+            ap.error(f"--comms {comm} needs --nodes >= 2 (the devices split into groups)")
     dev0 = devs[0]
     m = a.chunks_per_rank
     dt = jnp.dtype(a.dtype)
     H, K, D = a.heads, a.kv_heads, a.head_dim
-    env = dict(devices=f"{P} x {dev0.device_kind}", jax=jax.__version__, H=H, K=K, d=D, dtype=a.dtype,
+    env = dict(devices=f"{P} x {dev0.device_kind}", nodes=a.nodes, jax=jax.__version__, H=H, K=K, d=D,
+               dtype=a.dtype,
                chunks_per_rank=m, implementation=a.implementation, sm_margin=a.sm_margin,
                overlap_margin=a.overlap_margin, schedule_hints=a.schedule_hints,
                skip_masked=not a.no_skip_masked, piece_vjp=not a.autodiff_merge,
@@ -251,7 +298,7 @@ def main():
         (out_dir / f"{prefix}.json").write_text(json.dumps(dict(env=env, rows=rows), indent=1))
         (out_dir / f"{prefix}.md").write_text(render(env, rows))
 
-    shard = NamedSharding(mesh, PS(None, "cp"))
+    shard = NamedSharding(mesh, PS(None, axis))
     for L in [int(x) for x in a.tokens_per_device.split(",")]:
         S = P * L
         q, k, v, g = make_inputs(S, H, K, D, dt, a.seed, dev0)
@@ -286,18 +333,26 @@ def main():
                 qp, kp, vp, gp = (jax.device_put(perm(x), shard) for x in (q, k, v, g))
                 ind_r = jax.device_put(mask_ind, NamedSharding(mesh, PS()))
                 chunk_bytes = 2 * (S // (P * m)) * K * D * dt.itemsize
-                for comm in a.comms.split(","):
-                    sched = cp_schedule(comm, P, m, plan, need)
-                    vol = cp.comm_volume(sched) if sched is not None else cp.allgather_volume(P, m)
+                for comm in comms:
+                    sched = cp_schedule(comm, P, m, plan, need, a.nodes)
+                    # chunk slots per rank; cross-node ones counted on the --nodes split whatever the mode
+                    if sched is not None:
+                        vol = cp.comm_volume(sched, nodes=a.nodes)
+                    elif comm == "allgather":
+                        vol = cp.allgather_volume(P, m, nodes=a.nodes)
+                    else:
+                        vol = relay_volume(comm, P, m, a.nodes)
 
                     def make(attention_fn=None, comm=comm, sched=sched):
                         return cp_programs(mesh, mk, comm, sched, impl, cp_kwargs, pruned_kwargs,
-                                           attention_fn=attention_fn)
+                                           attention_fn=attention_fn, axis_name=axis)
 
                     fwd, bwd = make()
                     row = dict(mask=mname, S=S, tokens_per_device=L, rho=rho, comm=comm, plan=pname,
                                max_load_tiles=float(loads.max()), mean_load_tiles=float(loads.mean()),
                                recv_MiB_per_rank=vol["max_received"] * chunk_bytes / 2**20)
+                    if a.nodes > 1:
+                        row["cross_node_MiB_per_rank"] = float(np.max(vol["cross_node_sent"])) * chunk_bytes / 2**20
                     try:
                         o = fwd(qp, kp, vp, ind_r, plan_j)
                         row["out_rel_err"] = rel_err(cp.unpermute_tokens(o, plan_j), o1)
@@ -351,7 +406,9 @@ def render(env, rows):
     def f(r, k, spec="{:.1f}"):
         return spec.format(r[k]) if k in r else "–"
 
-    out = [f"# Context-parallel attention, {env['devices']}",
+    nodes = env.get("nodes", 1)
+    split = f" split into {nodes} groups as if {nodes} hosts" if nodes > 1 else ""
+    out = [f"# Context-parallel attention, {env['devices']}{split}",
            "",
            f"B = 1, H = {env['H']}, K = {env['K']}, d = {env['d']}, {env['dtype']}, {env['chunks_per_rank']} chunks "
            f"per rank, sm_margin {env.get('sm_margin', 0)}, overlap margin {env.get('overlap_margin')}, "
@@ -360,16 +417,17 @@ def render(env, rows):
            "TFLOP/s per GPU (FlashMask convention, x3.5 for fwd+bwd). speedup = one-GPU time / this time. "
            "hidden = (t_comm + t_compute − t_total) / t_comm. err = max|Δ| / max|ref| against one GPU.",
            "",
-           "| mask | S | comm | plan | recv MiB/rank | fwd ms | fwd TF/GPU | fwd speedup | fwd hidden | "
-           "fwd+bwd ms | fwd+bwd TF/GPU | fwd+bwd speedup | fwd+bwd hidden | out err | grad err |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| mask | S | comm | plan | recv MiB/rank | cross-node MiB/rank | fwd ms | fwd TF/GPU | fwd speedup | "
+           "fwd hidden | fwd+bwd ms | fwd+bwd TF/GPU | fwd+bwd speedup | fwd+bwd hidden | out err | grad err |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             out.append(f"| {r['mask']} | {r['S']} | {r['comm']} | {r['plan']} | failed: {r['error'][:80]} |"
-                       + " |" * 10)
+                       + " |" * 11)
             continue
         out.append(" | ".join([
             f"| {r['mask']}", str(r["S"]), r["comm"], r["plan"], f(r, "recv_MiB_per_rank", "{:.0f}"),
+            f(r, "cross_node_MiB_per_rank", "{:.0f}"),
             f(r, "fwd_ms", "{:.2f}"), f(r, "fwd_tflops_per_gpu"), f(r, "fwd_speedup", "{:.2f}×"),
             f(r, "fwd_hidden", "{:.0%}"), f(r, "fwdbwd_ms", "{:.2f}"), f(r, "fwdbwd_tflops_per_gpu"),
             f(r, "fwdbwd_speedup", "{:.2f}×"), f(r, "fwdbwd_hidden", "{:.0%}"),

@@ -263,6 +263,38 @@ def test_cp_bench_dry_run_on_two_host_devices(tmp_path):
     assert "| causal_document |" in (tmp_path / "cp.md").read_text()
 
 
+def test_cp_bench_two_level_on_four_host_devices(tmp_path):
+    """--nodes 2 splits 4 CPU devices into two groups: the hierarchical modes agree with one device,
+    and the cross-node traffic per rank falls from the relay ring's (P-1)*m chunk slots to the
+    hierarchy's (nodes-1)*m, and further when pruned. Without --nodes they are refused."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cp_bench.py"), "--tokens-per-device", "128",
+           "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--masks", "causal_document",
+           "--chunks-per-rank", "2", "--iters", "1", "--implementation", "xla", "--no-probes",
+           "--out-dir", str(tmp_path), "--out-prefix", "cp"]
+    bad = subprocess.run(cmd + ["--comms", "hierarchical"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode != 0 and "needs --nodes" in bad.stderr
+    proc = subprocess.run(cmd + ["--nodes", "2", "--comms", "ring,hierarchical,hierarchical-pruned"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["comm"]: r for r in json.loads((tmp_path / "cp.json").read_text())["rows"]}
+    slot_mib = 2 * (4 * 128 // 8) * 1 * 32 * 2 / 2**20  # one chunk slot of K and V, bf16
+    for comm in ("ring", "hierarchical", "hierarchical-pruned"):
+        r = rows[comm]
+        assert "error" not in r, r
+        assert r["out_rel_err"] < 2e-2 and r["grad_rel_err"] < 3e-2, r
+    assert rows["ring"]["cross_node_MiB_per_rank"] == pytest.approx(3 * 2 * slot_mib)
+    assert rows["hierarchical"]["cross_node_MiB_per_rank"] == pytest.approx(1 * 2 * slot_mib)
+    assert rows["hierarchical-pruned"]["cross_node_MiB_per_rank"] <= rows["hierarchical"]["cross_node_MiB_per_rank"]
+    assert rows["hierarchical-pruned"]["recv_MiB_per_rank"] < rows["hierarchical"]["recv_MiB_per_rank"]
+    assert "split into 2 groups" in (tmp_path / "cp.md").read_text()
+
+
 def test_render_names_the_commands(tmp_path):
     """The markdown carries the command of each run it merged, from the arguments in the JSON."""
     base = dict(S=1024, d=128, B=128, H=32, causal=True, D=1, rho=0.5, status="skipped", reason="x",
