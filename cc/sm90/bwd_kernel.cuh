@@ -494,9 +494,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if constexpr (T::kDqTrans) {
             // kDqTrans: dV retired before the dQ GEMM is issued, so that P's 20 registers are
             // free while the dQ accumulator (40) and dS (20) are in flight: 188 + the rest, not 208.
-            // Waited after the barrier (s12): the barrier's wait runs under this warpgroup's dV
-            // GEMM, and each warpgroup issues its dQ GEMM as soon as its own dV is done instead of
-            // after the other warpgroup's (before s12: wait, then barrier)
+            // Waited after the barrier: the barrier's wait runs under this warpgroup's dV GEMM,
+            // and each warpgroup issues its dQ GEMM as soon as its own dV is done instead of after
+            // the other warpgroup's (as it would with the wait before the barrier)
             warpgroup_wait<0>();
             warpgroup_fence_operand(tdVrdV);
             warpgroup_fence_operand(tPrP);

@@ -137,7 +137,7 @@ __device__ __forceinline__ uint32_t bwd_order_first(const BwdArgs& a, int64_t ba
 // ... and the wait until every slot after `slot` has added its dQ (or skips the tile), then the
 // proxy fence that orders the tile's bulk reduce after it. Acquire loads and no fence.acq_rel.gpu:
 // that membar would also wait for this warp's last release (the previous tile's bit) to complete
-// (s13: +4 % deterministic at 32K on top of bwd_finish_dq_reduce's early free).
+// (docs/decisions.md#det-ordered-dq).
 __device__ __forceinline__ void bwd_wait_order(const BwdArgs& a, int64_t base, int slot, int lane,
                                                uint32_t first) {
   const int w0 = (slot + 1) / 32;
@@ -252,7 +252,7 @@ __device__ __forceinline__ void bwd_release_order_bit(uint32_t* sem_word, uint32
 // until the reduce completed, then free the buffer, then set the tile's ordering bit in `sem_word`
 // (the next key block's writer may then add). The buffer is freed before the bit's proxy fence and
 // GPU-scope release, whose latency would otherwise sit between this tile's reduce and the
-// consumers' store of the next dQ tile (s13).
+// consumers' store of the next dQ tile.
 __device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_t bit,
                                                      bool deterministic, uint64_t* empty) {
   if (deterministic) {

@@ -266,7 +266,7 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
 // and the tiles in use span the whole head (131 MB against the 50 MB L2). The clocked start lets a
 // CTA join where the running ones are (the clock advances one tile per SM-tile), one tile after
 // its predecessor key block (docs/decisions.md#bwd-d128-rows80). Masked key blocks walk ascending: their walks differ in length, so the clock is no
-// phase for them, and ascending they ran 1-3 % faster than clocked.
+// phase for them, and ascending they ran faster than clocked (docs/decisions.md#bwd-clocked-walk).
 template <int Bm, int Bn>
 __device__ __forceinline__ bool bwd_group_skips_none(const BwdArgs& a, int b, int hk, int n) {
   const int hm_last = (hk * a.heads_per_kv + a.heads_per_kv - 1) / a.heads_per_mask;
