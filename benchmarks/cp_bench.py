@@ -141,7 +141,7 @@ def add_program_args(ap):
     ap.add_argument("--no-skip-masked", action="store_true",
                     help="ring-pruned only: run fully masked remote pieces (no lax.cond around them)")
     ap.add_argument("--autodiff-merge", action="store_true",
-                    help="ring-pruned only: differentiate the lse merge (piece_vjp=False, the old path)")
+                    help="ring-pruned only: differentiate the lse merge through autodiff (piece_vjp=False)")
     ap.add_argument("--seed", type=int, default=0)
 
 

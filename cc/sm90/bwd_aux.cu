@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_kernel(
 // lanes v = 4t + s (s < 4; lane v sums the pairs at columns 2v + 64k in the same fmaf order),
 // then runs the same xor tree: offsets 16, 8, 4 of lane v are offsets 4, 2, 1 of thread t
 // (shuffles within the row's 8 threads), offsets 2, 1 are in-thread ((a0 + a2) + (a1 + a3));
-// fp addition is commutative, so every lane of the old tree held lane 0's value.
+// fp addition is commutative, so every lane of bwd_prep_kernel's tree held lane 0's value.
 constexpr int kPrepRowThreads = 8;
 constexpr int kPrepRowsPerBlock = kPrepThreads / kPrepRowThreads;  // 32
 
