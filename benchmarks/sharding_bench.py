@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -42,23 +41,20 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as PS  # noqa: E402
 
-import jax_flashmask as jf  # noqa: E402
 from jax_flashmask import context_parallel as cp  # noqa: E402
 from jax_flashmask import masks  # noqa: E402
-from cp_bench import timeit  # noqa: E402  (median seconds after warm-up calls; benchmarks/ is on the path)
+# benchmarks/ is on the path when this runs as a script: cp_bench's timing and program builders
+from cp_bench import cp_programs, one_gpu_programs, timeit  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tests"))
+from _hlo import collectives as _hlo_collectives  # noqa: E402  (the sharding tests' HLO parser)
 
 LAYOUTS = ("batch", "heads", "sequence", "context_parallel")
-_COLLECTIVE = re.compile(
-    r"=\s*(\S+)\s+(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(")
 
 
 def collectives(hlo: str) -> list[str]:
-    """Collective ops of a compiled HLO text as 'op shape', largest operand first."""
-    found = []
-    for shape, op in _COLLECTIVE.findall(hlo):
-        dims = [int(x) for x in re.findall(r"\d+", shape.split("{")[0].split("[", 1)[-1])] if "[" in shape else []
-        found.append((int(np.prod(dims)) if dims else 1, f"{op} {shape.split('{')[0]}"))
-    return [name for _, name in sorted(found, reverse=True)]
+    """The collectives of a compiled program as 'op (N elements)', largest first."""
+    return [f"{op} ({n} elements)" for op, n in sorted(_hlo_collectives(hlo), key=lambda c: -c[1])]
 
 
 def doc_mask(b: int, s: int, docs: int, seed: int) -> masks.FlashMask:
@@ -69,24 +65,6 @@ def doc_mask(b: int, s: int, docs: int, seed: int) -> masks.FlashMask:
         cuts = np.sort(rng.choice(np.arange(1, s), size=docs - 1, replace=False))
         seg[i, cuts] = 1
     return masks.from_segment_ids(np.cumsum(seg, axis=1))
-
-
-def fwd_bwd(impl):
-    """jit(grad of sum(out * g)) of attention: args (q, k, v, mask, g)."""
-    def loss(q, k, v, mask, g):
-        o = jf.attention(q, k, v, mask, implementation=impl)
-        return jnp.sum(o.astype(jnp.float32) * g.astype(jnp.float32))
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-
-
-def cp_fwd_bwd(mesh, impl, comm):
-    def loss(q, k, v, ind, plan, g):
-        o = cp.context_parallel_attention(q, k, v, ind, plan=plan, mesh=mesh, axis_name="x", causal=True,
-                                          comm=comm, implementation=impl)
-        return jnp.sum(o.astype(jnp.float32) * g.astype(jnp.float32))
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
 def main(argv=None) -> int:
@@ -130,19 +108,21 @@ def main(argv=None) -> int:
     v = jax.random.normal(rng[2], (B, S, K, D), dt)
     g = jax.random.normal(rng[3], (B, S, N, D), dt)
     mask = doc_mask(B, S, a.docs, a.seed)
+    ind = mask.startend_row_indices
     env = dict(devices=f"{P} x {dev0.device_kind}", jax=jax.__version__, B=B, S=S, N=N, K=K, d=D,
                dtype=a.dtype, docs=a.docs, implementation=a.implementation, cp_comm=a.cp_comm,
                chunks_per_rank=a.chunks_per_rank, command="python3 benchmarks/sharding_bench.py " +
                " ".join(sys.argv[1:] if argv is None else argv))
     print("env:", env, flush=True)
-    f = fwd_bwd(impl)
+    _, f = one_gpu_programs(mask, impl)  # grad of sum(out * g): args (q, k, v, ind, g)
     put = lambda xs, dev: [jax.device_put(x, dev) for x in xs]  # noqa: E731
-    whole = put((q, k, v, mask, g), dev0)
+    whole = put((q, k, v, ind, g), dev0)
     t_whole = timeit(f, *whole, iters=a.iters)
     rows = [dict(layout="one device, whole problem", ms=t_whole * 1e3)]
     print(rows[-1], flush=True)
     for lay in layouts:
         row = dict(layout=lay)
+        share = None  # one device's share of a batch / head split
         try:
             if lay == "context_parallel":
                 m = a.chunks_per_rank
@@ -151,30 +131,22 @@ def main(argv=None) -> int:
                 shard = NamedSharding(mesh, PS(None, "x"))
                 perm = lambda x: cp.permute_tokens(x, plan)  # noqa: E731
                 args = [jax.device_put(perm(x), shard) for x in (q, k, v)]
-                ind = jax.device_put(mask.startend_row_indices, NamedSharding(mesh, PS()))
-                args = args + [ind, plan, jax.device_put(perm(g), shard)]
-                fn = cp_fwd_bwd(mesh, impl, a.cp_comm)
-                share_ms, ideal = None, t_whole / P
+                args += [jax.device_put(ind, NamedSharding(mesh, PS())), plan, jax.device_put(perm(g), shard)]
+                _, fn = cp_programs(mesh, mask, a.cp_comm, None, impl, None, {}, axis_name="x")
             else:
                 spec = {"batch": PS("x"), "heads": PS(None, None, "x"), "sequence": PS(None, "x")}[lay]
                 sh = NamedSharding(mesh, spec)
                 mask_sh = NamedSharding(mesh, PS("x") if lay == "batch" else PS())
-                args = [jax.device_put(x, sh) for x in (q, k, v)] + [jax.device_put(mask, mask_sh),
+                args = [jax.device_put(x, sh) for x in (q, k, v)] + [jax.device_put(ind, mask_sh),
                                                                      jax.device_put(g, sh)]
                 fn = f
                 if lay == "batch":
-                    share = (q[: B // P], k[: B // P], v[: B // P],
-                             masks.FlashMask(mask.startend_row_indices[: B // P], causal=mask.causal),
-                             g[: B // P])
+                    share = (q[: B // P], k[: B // P], v[: B // P], ind[: B // P], g[: B // P])
                 elif lay == "heads":
-                    share = (q[:, :, : N // P], k[:, :, : K // P], v[:, :, : K // P], mask, g[:, :, : N // P])
-                else:
-                    share = None
-                if share is not None:
-                    share_ms = timeit(f, *put(share, dev0), iters=a.iters) * 1e3
-                    ideal = share_ms / 1e3
-                else:
-                    share_ms, ideal = None, t_whole / P
+                    share = (q[:, :, : N // P], k[:, :, : K // P], v[:, :, : K // P], ind, g[:, :, : N // P])
+            t_share = timeit(f, *put(share, dev0), iters=a.iters) if share is not None else None
+            ideal = t_share if share is not None else t_whole / P
+            share_ms = None if t_share is None else t_share * 1e3
             t = timeit(fn, *args, iters=a.iters)
             row.update(ms=t * 1e3, share_ms=share_ms, ideal_ms=ideal * 1e3, ratio_to_ideal=t / ideal,
                        speedup_over_one=t_whole / t,
@@ -207,7 +179,7 @@ def render(env, rows) -> str:
             continue
         f = lambda key, spec="{:.2f}": spec.format(r[key]) if r.get(key) is not None else "–"  # noqa: E731
         out.append(f"| {r['layout']} | {f('ms')} | {f('share_ms')} | {f('ideal_ms')} | {f('ratio_to_ideal', '{:.3f}')} | "
-                   f"{f('speedup_over_one', '{:.2f}×')} | {', '.join(r.get('collectives', [])[:4]) or 'none'} |")
+                   f"{f('speedup_over_one', '{:.2f}×')} | {(', '.join(r['collectives'][:4]) or 'none') if 'collectives' in r else '–'} |")
     return "\n".join(out) + "\n"
 
 
