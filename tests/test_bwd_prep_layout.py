@@ -10,10 +10,14 @@ replaced:
   old warp-per-row one (same fmaf chains per old lane, same xor tree; + compared as commutative);
 - bwd_convert80_kernel's new read split (warp w: blocks 20w .. 20w + 19) puts every float of the
   tile at the same shared-memory place as the old loop over p, and its write phase (8 columns per
-  thread) writes each output once from the same place.
+  thread) writes each output once from the same place;
+- bwd_convert_kernel (64-row fragment order, d = 64 / 128 / 256): its 8-float runs are the
+  fragment order's elements, each output is written once from its own element, and a warp reads
+  whole 8 x 8 runs back to back.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -237,6 +241,73 @@ def test_convert80_write_phase_unchanged(Sq, mt):
     assert old == new
 
 
+def frag_offset(r, c, dqc):
+    """The fragment order element by element (traits.h kDqCols, one 64-row block)."""
+    wq, cc = c // dqc, c % dqc
+    lane = 4 * (r % 8) + (cc % 8) // 2
+    return wq * 64 * dqc + (((r // 16) * 2 + (r // 8) % 2) * (dqc // 8) + cc // 8) * 64 + 2 * lane + cc % 2
+
+
+def frag_run(r, c, dqc):
+    """bwd_aux.cu dq_frag_run: row r's floats of columns c .. c + 7 start here."""
+    wq, cc = c // dqc, c % dqc
+    return wq * 64 * dqc + ((r // 8) * (dqc // 8) + cc // 8) * 64 + 8 * (r % 8)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_convert_runs_are_the_fragment_order(d):
+    dqc = d // 2 if d >= 128 else d
+    seen = set()
+    for r in range(64):
+        for c in range(0, d, 8):
+            for j in range(8):
+                assert frag_offset(r, c + j, dqc) == frag_run(r, c, dqc) + j
+                seen.add(frag_run(r, c, dqc) + j)
+    assert seen == set(range(64 * d))
+
+
+def convert_units(B, Sq, N, d, sq_pad):
+    """bwd_convert_kernel's thread -> (source float, output element) map, as the kernel computes it."""
+    dqc = d // 2 if d >= 128 else d
+    groups = d // 8
+    units = B * N * sq_pad * groups
+    for t in range(units):
+        r8, q = t % 8, t // 8
+        c = 8 * (q % groups)
+        g = q // groups
+        rg, bh = g % (sq_pad // 8), g // (sq_pad // 8)
+        i = 8 * rg + r8
+        if i >= Sq:
+            yield t, None, None
+            continue
+        row = bh * sq_pad + i
+        src = (row - i % 64) * d + frag_run(i % 64, c, dqc)
+        h, b = bh % N, bh // N
+        yield t, src, ((b * Sq + i) * N + h) * d + c
+
+
+@pytest.mark.parametrize("B,Sq,N,d,sq_pad", [(1, 64, 1, 64, 64), (2, 100, 3, 64, 128),
+                                             (1, 130, 2, 128, 192), (2, 70, 1, 256, 128)])
+def test_convert_writes_each_output_once_from_its_element(B, Sq, N, d, sq_pad):
+    dqc = d // 2 if d >= 128 else d
+    out, warps = {}, {}
+    for t, src, dst in convert_units(B, Sq, N, d, sq_pad):
+        if src is None:
+            continue
+        for j in range(8):
+            assert dst + j not in out
+            out[dst + j] = src + j
+        warps.setdefault(t // 32, []).append(src)
+    assert len(out) == B * Sq * N * d
+    for b, i, h, c in itertools.product(range(B), range(Sq), range(N), range(d)):
+        row = (b * N + h) * sq_pad + i
+        assert out[((b * Sq + i) * N + h) * d + c] == (row - i % 64) * d + frag_offset(i % 64, c, dqc)
+    # a full warp reads whole runs, back to back: 32 x 32 bytes contiguous
+    for srcs in warps.values():
+        if len(srcs) == 32:
+            assert sorted(srcs) == list(range(min(srcs), min(srcs) + 256, 8))
+
+
 def test_sources_match_the_model():
     """The transcribed constants and the call site are those of the sources."""
     assert "cudaMemsetAsync(p.dq_accum" not in KERNEL
@@ -258,6 +329,13 @@ def test_sources_match_the_model():
     assert ("float* dst = s + 2 * (lane % 4) * kRows80Pad + (warp / 4) * 64 + (warp % 4) * 16 + "
             "lane / 4;") in AUX
     assert "float* d = dst + (u % 10) * 8 * kRows80Pad + (u / 10) * 8;" in AUX
+    assert "return (int64_t)wq * 64 * dqc + ((r / 8) * (dqc / 8) + cc / 8) * 64 + 8 * (r % 8);" in AUX
+    for line in ("const int r8 = (int)(t % 8);", "const int c = 8 * (int)(q % groups);",
+                 "const int rg = (int)(g % (sq_pad / 8));", "const int i = 8 * rg + r8;",
+                 "const float* src = acc + (row - i % 64) * d + dq_frag_run(i % 64, c, dqc);",
+                 "Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;",
+                 "const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);"):
+        assert line in AUX, line
 
 
 def _meta_layout_from_source() -> dict:

@@ -154,54 +154,72 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
 // lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
 // otherwise. 128-row tiles (d = 64: the warpgroups split the rows) are two such
 // blocks in a row, so this reader does not depend on the kernel's query-tile size.
-__device__ __forceinline__ int64_t dq_frag_offset(int r, int c, int dqc) {
-  const int wq = c / dqc, cc = c % dqc;
-  const int lane = 4 * (r % 8) + (cc % 8) / 2;
-  return (int64_t)wq * 64 * dqc + (((r / 16) * 2 + (r / 8) % 2) * (dqc / 8) + cc / 8) * 64 +
-         2 * lane + (cc % 2);
+// Equivalently: each 64-float run is one 8 x 8 sub-tile, row-major (rows 8*(r/8).., columns
+// 8*kk.. of slab wq), and the runs go row group by row group, kk fastest:
+// wq*64*dqc + ((r/8)*(dqc/8) + kk)*64 + 8*(r % 8) + c % 8.
+// Eight dQ floats times the softmax scale in the output type, as one 16-byte store's worth (by
+// reference: so the 80-row convert compiles to the same code as with the product written inline).
+template <class Elem>
+__device__ __forceinline__ cutlass::AlignedArray<Elem, 8, 16> scale8(const float4& x0,
+                                                                    const float4& x1, float scale) {
+  cutlass::AlignedArray<Elem, 8, 16> y;
+  y[0] = static_cast<Elem>(x0.x * scale);
+  y[1] = static_cast<Elem>(x0.y * scale);
+  y[2] = static_cast<Elem>(x0.z * scale);
+  y[3] = static_cast<Elem>(x0.w * scale);
+  y[4] = static_cast<Elem>(x1.x * scale);
+  y[5] = static_cast<Elem>(x1.y * scale);
+  y[6] = static_cast<Elem>(x1.z * scale);
+  y[7] = static_cast<Elem>(x1.w * scale);
+  return y;
 }
 
-template <class Elem>
-__global__ void bwd_convert_kernel(const float* __restrict__ acc, const float* __restrict__ lse2,
-                                   Elem* __restrict__ dq, int64_t npairs, int Sq, int N, int d,
-                                   int sq_pad, float scale) {
+// dq_frag_run: where row r's 8 floats of columns c .. c + 7 (c a multiple of 8) start.
+__device__ __forceinline__ int64_t dq_frag_run(int r, int c, int dqc) {
+  const int wq = c / dqc, cc = c % dqc;
+  return (int64_t)wq * 64 * dqc + ((r / 8) * (dqc / 8) + cc / 8) * 64 + 8 * (r % 8);
+}
+
+// One thread per (query row, 8 columns): it reads the 8 floats (32 contiguous bytes) of its row
+// in their 8 x 8 run and writes 8 outputs with one 16-byte store (kVec16; 4-byte stores when dq
+// is not 16-byte aligned). Lanes go row within the run fastest, then 4 column groups, so a warp
+// reads 4 consecutive runs (1 KB contiguous) and writes 8 rows x 64 bytes (a lane per output
+// pair in output order reads 32-byte pieces 256 bytes apart instead: half the DRAM rate).
+template <class Elem, bool kVec16>
+__global__ void __launch_bounds__(256) bwd_convert_kernel(const float* __restrict__ acc,
+                                                          const float* __restrict__ lse2,
+                                                          Elem* __restrict__ dq, int64_t units,
+                                                          int Sq, int N, int d, int sq_pad,
+                                                          float scale) {
   static_assert(kBwdBlockM == 64, "fragment order: 64-row blocks (128-row tiles: two per tile)");
-  constexpr int kUnroll = 4;  // pairs per thread per trip: their loads are issued before the stores
-  const int hp = d / 2;  // pairs per row
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= units) return;
   const int dqc = d >= 128 ? d / 2 : d;
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t0 < npairs;
-       t0 += kUnroll * stride) {
-    float2 x[kUnroll];
-    float sc[kUnroll];
+  const int groups = d / 8;
+  const int r8 = (int)(t % 8);
+  const int64_t q = t / 8;
+  const int c = 8 * (int)(q % groups);
+  const int64_t g = q / groups;  // row group of 8 over (batch, head, padded rows)
+  const int rg = (int)(g % (sq_pad / 8));
+  const int64_t bh = g / (sq_pad / 8);
+  const int i = 8 * rg + r8;
+  if (i >= Sq) return;
+  const int64_t row = bh * sq_pad + i;
+  const float* src = acc + (row - i % 64) * d + dq_frag_run(i % 64, c, dqc);
+  float4 x0 = *reinterpret_cast<const float4*>(src);
+  float4 x1 = *reinterpret_cast<const float4*>(src + 4);
+  // a fully masked row's dS is 0, but 0 * Inf in a key other rows see is NaN: select, not scale
+  if (__ldg(lse2 + row) == INFINITY) x0 = x1 = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int h = (int)(bh % N);
+  const int64_t b = bh / N;
+  Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;
+  const auto y = scale8<Elem>(x0, x1, scale);
+  if constexpr (kVec16) {
+    *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out) = y;
+  } else {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&y);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t t = t0 + u * stride;
-      if (t < npairs) {
-        // output order [B, Sq, N, d/2]
-        const int c = (int)(t % hp);
-        int64_t r = t / hp;
-        const int h = (int)(r % N);
-        r /= N;
-        const int i = (int)(r % Sq);
-        const int64_t b = r / Sq;
-        const int64_t row = (b * N + h) * sq_pad + i;
-        const int64_t tile = (row - i % 64) * d;
-        x[u] = *reinterpret_cast<const float2*>(acc + tile + dq_frag_offset(i % 64, 2 * c, dqc));
-        sc[u] = __ldg(lse2 + row) == INFINITY ? 0.f : scale;  // fully masked row: dq = 0
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t t = t0 + u * stride;
-      if (t < npairs) {
-        // a fully masked row's dS is 0, but 0 * Inf in a key other rows see is NaN: select, not scale
-        cutlass::Array<Elem, 2> y;
-        y[0] = static_cast<Elem>(sc[u] == 0.f ? 0.f : x[u].x * sc[u]);
-        y[1] = static_cast<Elem>(sc[u] == 0.f ? 0.f : x[u].y * sc[u]);
-        reinterpret_cast<cutlass::Array<Elem, 2>*>(dq)[t] = y;
-      }
-    }
+    for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(out)[k] = w[k];
   }
 }
 
@@ -269,15 +287,7 @@ __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const 
       float4 x1 = *reinterpret_cast<const float4*>(&s[r * kRows80Pad + c + 4]);
       if (__ldg(lse2 + tile / kRows80D + r) == INFINITY)  // fully masked row: dq = 0 (see above)
         x0 = x1 = make_float4(0.f, 0.f, 0.f, 0.f);
-      cutlass::AlignedArray<Elem, 8, 16> y;
-      y[0] = static_cast<Elem>(x0.x * scale);
-      y[1] = static_cast<Elem>(x0.y * scale);
-      y[2] = static_cast<Elem>(x0.z * scale);
-      y[3] = static_cast<Elem>(x0.w * scale);
-      y[4] = static_cast<Elem>(x1.x * scale);
-      y[5] = static_cast<Elem>(x1.y * scale);
-      y[6] = static_cast<Elem>(x1.z * scale);
-      y[7] = static_cast<Elem>(x1.w * scale);
+      const auto y = scale8<Elem>(x0, x1, scale);
       *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(
           dq + (((int64_t)b * Sq + i) * N + h) * kRows80D + c) = y;
     }
@@ -636,14 +646,25 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cud
     }
     return cudaGetLastError();
   }
+  if (p.d % 8 != 0 || sq_pad % kBwdBlockM != 0) return cudaErrorInvalidValue;
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((npairs + threads - 1) / threads, 132 * 16);
-  if (p.dtype == DType::kBF16)
-    bwd_convert_kernel<cutlass::bfloat16_t><<<(unsigned)blocks, threads, 0, stream>>>(
-        p.dq_accum, p.rowstats, static_cast<cutlass::bfloat16_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
-  else
-    bwd_convert_kernel<cutlass::half_t><<<(unsigned)blocks, threads, 0, stream>>>(
-        p.dq_accum, p.rowstats, static_cast<cutlass::half_t*>(p.dq), npairs, p.Sq, p.N, p.d, sq_pad, p.scale);
+  const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);  // (padded row, 8 columns)
+  const int64_t blocks = (units + threads - 1) / threads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
+  if (p.dtype == DType::kBF16) {
+    auto kernel = vec16 ? &bwd_convert_kernel<cutlass::bfloat16_t, true>
+                        : &bwd_convert_kernel<cutlass::bfloat16_t, false>;
+    kernel<<<(unsigned)blocks, threads, 0, stream>>>(p.dq_accum, p.rowstats,
+                                                     static_cast<cutlass::bfloat16_t*>(p.dq), units,
+                                                     p.Sq, p.N, p.d, sq_pad, p.scale);
+  } else {
+    auto kernel = vec16 ? &bwd_convert_kernel<cutlass::half_t, true>
+                        : &bwd_convert_kernel<cutlass::half_t, false>;
+    kernel<<<(unsigned)blocks, threads, 0, stream>>>(p.dq_accum, p.rowstats,
+                                                     static_cast<cutlass::half_t*>(p.dq), units,
+                                                     p.Sq, p.N, p.d, sq_pad, p.scale);
+  }
   return cudaGetLastError();
 }
 

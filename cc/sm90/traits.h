@@ -290,7 +290,7 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
   static constexpr bool kDqRowSplit = Bm == 2 * 64;
   static constexpr int kDqWG = (D >= 128 || kDqRowSplit) ? NWG : 1;
   // dQ tile layout in smem and in the fp32 workspace ("fragment order", one definition: see
-  // dq_frag_offset in bwd_aux.cu, which reads it back): the tile is made of 64-row x kDqCols
+  // dq_frag_run in bwd_aux.cu, which reads it back): the tile is made of 64-row x kDqCols
   // slabs, slab wq = warpgroup wq's accumulator (columns [wq*kDqCols, ...) of a 64-row tile for
   // d = 128; rows [64*wq, 64*wq + 64) for Bm = 128), wq*64*kDqCols floats apart. Element (row r,
   // col c) of a slab sits at ((warp*2 + i)*kDqKK + kk)*64 + 2*lane + j with kk = c / 8,
