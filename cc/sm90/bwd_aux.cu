@@ -148,15 +148,6 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_prep_fused_kernel(
   }
 }
 
-// The workspace holds each 64 x d block of query rows in the kernel's fragment order
-// (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
-// wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
-// lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
-// otherwise. 128-row tiles (d = 64: the warpgroups split the rows) are two such
-// blocks in a row, so this reader does not depend on the kernel's query-tile size.
-// Equivalently: each 64-float run is one 8 x 8 sub-tile, row-major (rows 8*(r/8).., columns
-// 8*kk.. of slab wq), and the runs go row group by row group, kk fastest:
-// wq*64*dqc + ((r/8)*(dqc/8) + kk)*64 + 8*(r % 8) + c % 8.
 // Eight dQ floats times the softmax scale in the output type, as one 16-byte store's worth (by
 // reference: so the 80-row convert compiles to the same code as with the product written inline).
 template <class Elem>
@@ -174,6 +165,15 @@ __device__ __forceinline__ cutlass::AlignedArray<Elem, 8, 16> scale8(const float
   return y;
 }
 
+// The workspace holds each 64 x d block of query rows in the kernel's fragment order
+// (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
+// wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
+// lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
+// otherwise. 128-row tiles (d = 64: the warpgroups split the rows) are two such
+// blocks in a row, so this reader does not depend on the kernel's query-tile size.
+// Equivalently: each 64-float run is one 8 x 8 sub-tile, row-major (rows 8*(r/8).., columns
+// 8*kk.. of slab wq), and the runs go row group by row group, kk fastest:
+// wq*64*dqc + ((r/8)*(dqc/8) + kk)*64 + 8*(r % 8) + c % 8.
 // dq_frag_run: where row r's 8 floats of columns c .. c + 7 (c a multiple of 8) start.
 __device__ __forceinline__ int64_t dq_frag_run(int r, int c, int dqc) {
   const int wq = c / dqc, cc = c % dqc;
