@@ -241,6 +241,11 @@ def test_convert80_write_phase_unchanged(Sq, mt):
     assert old == new
 
 
+def dq_cols(d):
+    """Columns of one fragment-order slab (traits.h kDqCols): the two warpgroups split d >= 128."""
+    return d // 2 if d >= 128 else d
+
+
 def frag_offset(r, c, dqc):
     """The fragment order element by element (traits.h kDqCols, one 64-row block)."""
     wq, cc = c // dqc, c % dqc
@@ -256,7 +261,7 @@ def frag_run(r, c, dqc):
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_convert_runs_are_the_fragment_order(d):
-    dqc = d // 2 if d >= 128 else d
+    dqc = dq_cols(d)
     seen = set()
     for r in range(64):
         for c in range(0, d, 8):
@@ -268,7 +273,7 @@ def test_convert_runs_are_the_fragment_order(d):
 
 def convert_units(B, Sq, N, d, sq_pad):
     """bwd_convert_kernel's thread -> (source float, output element) map, as the kernel computes it."""
-    dqc = d // 2 if d >= 128 else d
+    dqc = dq_cols(d)
     groups = d // 8
     units = B * N * sq_pad * groups
     for t in range(units):
@@ -289,7 +294,7 @@ def convert_units(B, Sq, N, d, sq_pad):
 @pytest.mark.parametrize("B,Sq,N,d,sq_pad", [(1, 64, 1, 64, 64), (2, 100, 3, 64, 128),
                                              (1, 130, 2, 128, 192), (2, 70, 1, 256, 128)])
 def test_convert_writes_each_output_once_from_its_element(B, Sq, N, d, sq_pad):
-    dqc = d // 2 if d >= 128 else d
+    dqc = dq_cols(d)
     out, warps = {}, {}
     for t, src, dst in convert_units(B, Sq, N, d, sq_pad):
         if src is None:

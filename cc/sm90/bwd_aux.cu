@@ -627,12 +627,11 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
 }
 
 cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {
-  const int64_t npairs = (int64_t)p.B * p.Sq * p.N * p.d / 2;
-  if (npairs == 0) return cudaSuccess;
+  if ((int64_t)p.B * p.Sq * p.N * p.d == 0) return cudaSuccess;
+  const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;  // else 4-byte stores
   if (block_m == kRows80 && p.d == kRows80D) {  // 80-row tiles: the transposed fragment order
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
-    const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
     if (p.dtype == DType::kBF16) {
       auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::bfloat16_t, true>
                           : &bwd_convert80_kernel<cutlass::bfloat16_t, false>;
@@ -651,7 +650,6 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cud
   const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);  // (padded row, 8 columns)
   const int64_t blocks = (units + threads - 1) / threads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;
   if (p.dtype == DType::kBF16) {
     auto kernel = vec16 ? &bwd_convert_kernel<cutlass::bfloat16_t, true>
                         : &bwd_convert_kernel<cutlass::bfloat16_t, false>;
