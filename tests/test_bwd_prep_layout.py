@@ -271,6 +271,32 @@ def test_convert_runs_are_the_fragment_order(d):
     assert seen == set(range(64 * d))
 
 
+def test_d256_dq_adds_are_the_fragment_order():
+    """The d = 256 backward's dQ adds (from registers, or staged for the deterministic writer) put
+    accumulator element e of consumer thread ctid at its (query row, d column)'s fragment offset;
+    a warp's eight-byte adds cover 256 contiguous bytes."""
+    dqc, kk = dq_cols(256), dq_cols(256) // 8  # traits.h kDqKK
+    seen = set()
+    for ctid in range(256):
+        wg, warp, lane = ctid // 128, (ctid // 32) % 4, ctid % 32
+        fb = warp * 2 * kk * 64 + 2 * lane
+        for e in range(0, 64, 2):
+            o = wg * 64 * dqc + fb + (((e // 2) % 2) * kk + e // 4) * 64  # + wg * kDqHalfFloats
+            r = 16 * warp + lane // 4 + 8 * ((e // 2) % 2)
+            c = 128 * wg + 8 * (e // 4) + 2 * (lane % 4)
+            assert (o, o + 1) == (frag_offset(r, c, dqc), frag_offset(r, c + 1, dqc))
+            seen.update((o, o + 1))
+    assert seen == set(range(64 * 256))
+    for e in range(0, 64, 2):  # one warp's add of element pair e: 64 consecutive floats
+        offs = sorted(fb + (((e // 2) % 2) * kk + e // 4) * 64 for fb in (2 * lane for lane in range(32)))
+        assert offs == list(range(offs[0], offs[0] + 64, 2))
+    for line in ("const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);",
+                 "const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;",
+                 "wg * T::kDqHalfFloats;"):
+        assert line in D256, line
+    assert D256.count("const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;") == 2
+
+
 def convert_units(B, Sq, N, d, sq_pad):
     """bwd_convert_kernel's thread -> (source float, output element) map, as the kernel computes it."""
     dqc = dq_cols(d)

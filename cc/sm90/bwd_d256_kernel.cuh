@@ -2,7 +2,7 @@
 // kernels of bwd_kernel.cuh (column parallel: one CTA per (key block, kv head, batch); the CTA
 // walks the query heads of its GQA group and their non-skipped 64-row query tiles; element mask
 // on partial tiles only; dK / dV reduced over the group in registers; dQ in fp32 through the
-// dq_accum workspace (bulk reduce-add), converted by bwd_convert_dq_sm90;
+// dq_accum workspace (reduce-add), converted by bwd_convert_dq_sm90;
 // deterministic mode orders the dQ adds of each query tile by descending key block through the
 // same ordering bits), but with a different split of the work, because the d = 128 design does
 // not fit: 64 keys x 256 columns of dK plus dV are 256 fp32 registers per thread of a warpgroup.
@@ -20,27 +20,29 @@
 //    B = dO / Q as MN-major views) -- 2 x 64 fp32 accumulator registers per thread -- and
 //    dQ = dS K for its 128 columns (A = dS, the MN-major view of the stored dS^T; 64 registers);
 //  * per tile and warpgroup: dQ, dV, dK GEMMs of tile t (192 accumulator registers in flight),
-//    wait, the first half of the dQ store, the S / dP GEMMs of tile t+1 (issued once 32 dQ
-//    registers are free), the second half of the dQ store under them, then the exp / dS math of
+//    wait, the first half of the dQ reduce, the S / dP GEMMs of tile t+1 (issued once 32 dQ
+//    registers are free), the second half of the dQ reduce under them, then the exp / dS math of
 //    tile t+1. Every wgmma group is waited in the loop iteration that issued it (none in flight
 //    across the back edge). P / dS are double buffered. (Issuing the S / dP GEMMs of tile t+1
-//    before the dV / dK GEMMs of tile t is slower: its Q / dO load latency is exposed, see the
-//    next point);
-//  * the dQ tile needs 64 KB of fp32 staging for the bulk reduce, which does not fit beside K, V
-//    (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers (32 KB). Once both
-//    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), the Q / dO stage of tile t is
-//    dead: warpgroup 0 writes its dQ half (64 x 128 fp32 = 32 KB, fragment order) over the Q
-//    tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both into the workspace
-//    and then hands the stage back to the producer. So a stage comes back only after the dQ
-//    staged over it has been read, and the next tile's Q / dO load must fit between that and the
-//    S / dP issue of that tile: about one tile's dQ / dV / dK GEMMs.
+//    before the dV / dK GEMMs of tile t is slower: its Q / dO load latency is exposed);
+//  * dQ: each warpgroup reduce-adds its 64 x 128 fp32 half straight from registers into the
+//    workspace (red.add.v2.f32, fragment order) and hands the Q / dO stage back to the producer
+//    as soon as its GEMMs of the tile are done. A 64 KB fp32 staging tile for a bulk reduce does
+//    not fit beside K, V (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers
+//    (32 KB); staged over the dead Q / dO stage, it held that stage until the reduce had read it,
+//    so the next tile's Q / dO had one tile's GEMMs to land in, and the consumers waited for it.
+//    Deterministic mode still stages, because its ordered adds need the writer warp: once both
+//    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), warpgroup 0 writes its dQ half
+//    over the Q tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both in the
+//    tile's turn and then hands the stage back.
 // The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
 // warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
 // Contract: as bwd_kernel.cuh (dq / dk / dv of BwdParams, deterministic dQ by the ordered writer
 //   of epilogue.cuh); sm_margin is not honoured (one CTA per work item).
-// Synchronization: Q / dO ring full / empty, pds_full (both P / dS slices stored), `consumed`
-//   (both warpgroups' GEMMs of a tile done: the stage is free for the dQ staging), dq_full /
-//   dq_empty of the staged halves.
+// Synchronization: Q / dO ring full / empty (empty: 256 consumer arrivals, or the writer's one in
+//   deterministic mode), pds_full / pds_empty (both P / dS slices stored / read); deterministic
+//   mode: `consumed` (both warpgroups' GEMMs of a tile done: the stage is free for the dQ staging)
+//   and dq_full of the staged halves.
 // Knobs: BwdD256Traits<Elem> (traits.h).
 //
 // Written for jax_flashmask; layouts and GMMA/TMA primitives come from CuTe / CUTLASS headers.
@@ -86,7 +88,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
-      Barrier::init(&ss.empty[s], 1);  // the dQ writer hands the stage back
+      // deterministic: the dQ writer hands the stage back once the dQ staged over it is read;
+      // otherwise both consumer warpgroups do, once their GEMMs on it are done
+      Barrier::init(&ss.empty[s], a.deterministic ? 1 : kConsumers);
       Barrier::init(&ss.consumed[s], kConsumers);
       Barrier::init(&ss.dq_full[s], kConsumers);
       Barrier::init(&ss.pds_full[s], kConsumers);
@@ -143,9 +147,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       if (lane == 0) bwd_zero_stop(ss.z);  // `have` is false here
     } else if (warp == 1) {
-      // dQ writer: both halves of the tile's dQ, then the stage goes back
+      // dQ writer (deterministic mode only): both halves of the tile's dQ, in order, then the
+      // stage goes back
       int stage = 0, phase = 0;
-      while (have) {
+      while (have && a.deterministic) {
         const int h = hk * a.heads_per_kv + g;
         const int64_t base = bwd_sem_word(a, b, h, m);
         const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         ++m;
         have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
       }
-      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      if (lane == 0 && a.deterministic) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else if (warp == 2) {
       if (a.deterministic) bwd_mark_skipped<Bm>(a, b, hk, n, slot, lane);
     } else {  // the zero warp (unseen.cuh)
@@ -306,18 +311,34 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pp_arrive(&ss.pds_full[st]);
   };
 
-  // After this warpgroup's GEMMs of the tile in stage st completed: `consumed` (the stage's Q / dO
-  // may be overwritten by dQ once both warpgroups arrived).
-  auto release_stage = [&](int st) { pp_arrive(&ss.consumed[st]); };
-  // dQ of the tile in stage st over the stage's Q (warpgroup 0) or dO (warpgroup 1) tile once both
-  // warpgroups are done with the stage, for the writer warp. In two halves (fragment elements
-  // [0, 32) and [32, 64)), so that the S / dP GEMMs of the next tile can be issued in between: the
-  // registers of the first half are free by then.
-  auto write_dq_half = [&](auto half, int st, int par) {
+  // After this warpgroup's GEMMs of the tile in stage st completed. Deterministic: `consumed` (the
+  // stage's Q / dO may be overwritten by dQ once both warpgroups arrived); otherwise the stage is
+  // free for the producer.
+  auto release_stage = [&](int st) { pp_arrive(a.deterministic ? &ss.consumed[st] : &ss.empty[st]); };
+  // This warpgroup's dQ half of the tile in stage st, in the workspace's fragment order, in two
+  // halves (fragment elements [0, 32) and [32, 64)), so that the S / dP GEMMs of the next tile can
+  // be issued in between: the registers of the first half are free by then.
+  //  * default: reduce-added from registers (8-byte red.add; a warp covers 256 contiguous bytes).
+  //    Staging the tile in smem would hold its Q / dO stage until the reduce had read it, which
+  //    leaves the next load one tile's GEMMs to land in (docs/decisions.md#bwd-d256-kernel);
+  //  * deterministic: over the stage's Q (warpgroup 0) or dO (warpgroup 1) tile once both
+  //    warpgroups are done with the stage, for the ordered writer warp.
+  // gdq = the tile's dQ rows in dq_accum, offset by this warpgroup's half.
+  auto write_dq_half = [&](auto half, int st, int par, float* gdq) {
     constexpr int e0 = decltype(half)::value * 32;
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
     const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+    if (!a.deterministic) {
+      CUTE_UNROLL
+      for (int e = e0; e < e0 + 32; e += 2) {
+        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
+        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(gdq + o),
+                     "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
+                     : "memory");
+      }
+      return;
+    }
     if constexpr (e0 == 0) pp_wait(&ss.consumed[st], par);
     float* dst = reinterpret_cast<float*>((ctid_b < 128 ? ss.q.begin() : ss.dO.begin()) +
                                           st * T::kStageElems);
@@ -331,9 +352,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       pp_arrive(&ss.dq_full[st]);
     }
   };
-  auto write_dq = [&](int st, int par) {
-    write_dq_half(Int<0>{}, st, par);
-    write_dq_half(Int<1>{}, st, par);
+  auto write_dq = [&](int st, int par, float* gdq) {
+    write_dq_half(Int<0>{}, st, par, gdq);
+    write_dq_half(Int<1>{}, st, par, gdq);
+  };
+  // the dQ rows of the tile at (g, m) in dq_accum, offset by this warpgroup's half
+  auto dq_rows = [&]() {
+    const int h = hk * a.heads_per_kv + g;
+    return a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D +
+           wg * T::kDqHalfFloats;
   };
   auto gemms_done = [&]() {
     warpgroup_fence_operand(tdVrdV);
@@ -348,6 +375,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     pp_wait(&ss.full[0], 0);
     sdp_gemms(0);
     math(Int<1>{}, Int<0>{}, 0, 0);
+    float* gdq = dq_rows();  // of tile t
     ++m;
     bool next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
     while (true) {
@@ -365,14 +393,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       pp_arrive(&ss.pds_empty[st]);
       release_stage(st);
       if (!next) {
-        write_dq(st, par);
+        write_dq(st, par, gdq);
         break;
       }
-      write_dq_half(Int<0>{}, st, par);
+      write_dq_half(Int<0>{}, st, par, gdq);
       pp_wait(&ss.full[st1], par1);
       sdp_gemms(st1);
-      write_dq_half(Int<1>{}, st, par);
+      write_dq_half(Int<1>{}, st, par, gdq);
       math(Int<1>{}, Int<0>{}, st1, par1);
+      gdq = dq_rows();
       ++t;
       ++m;
       next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
