@@ -229,11 +229,6 @@ __global__ void __launch_bounds__(256) bwd_convert_kernel(const float* __restric
 // column groups of 8: element (query r, d column c) at wq*64*80 + (((cc/16)*2 + (cc/8)%2)*10 +
 // r/8)*64 + 2*(4*(cc%8) + (r%8)/2) + r%2, cc = c % 64.
 constexpr int kRows80 = 80, kRows80D = 128, kRows80Pad = kRows80D + 4;
-__device__ __forceinline__ int dq80_frag_offset(int r, int c) {
-  const int wq = c / 64, cc = c % 64;
-  return wq * 64 * kRows80 + (((cc / 16) * 2 + (cc / 8) % 2) * (kRows80 / 8) + r / 8) * 64 +
-         2 * (4 * (cc % 8) + (r % 8) / 2) + (r % 2);
-}
 
 // One CTA per (80-row tile, head, batch): the tile (40 KB, contiguous) is read coalesced into
 // shared memory at its (query, d) place (row pitch 132 floats: the scatter of a warp's 64
@@ -258,8 +253,8 @@ __global__ void __launch_bounds__(kConv80Threads, 5) bwd_convert80_kernel(const 
   const int64_t tile = (((int64_t)b * N + h) * sq_pad + (int64_t)mt * kRows80) * kRows80D;
   // Warp w reads the 64-float blocks 20w .. 20w + 19 of the tile (5 KB contiguous; lane l the
   // float pair 2l of each block). Block B = 20w + u holds slab wq = w / 4, row group
-  // rg = 2 (w % 4) + u / 10 and column group kk = u % 10 (dq80_frag_offset with B = wq * 80 +
-  // rg * 10 + kk), so its pair lands at s[r * kRows80Pad + c] with r = 8 kk + 2 (l % 4),
+  // rg = 2 (w % 4) + u / 10 and column group kk = u % 10 (the formula above with 64-float block
+  // wq * 80 + rg * 10 + kk), so its pair lands at s[r * kRows80Pad + c] with r = 8 kk + 2 (l % 4),
   // c = 64 wq + 16 (rg / 2) + 8 (rg % 2) + l / 4: one per-thread base plus a constant of u.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float2* src =

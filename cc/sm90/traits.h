@@ -301,7 +301,7 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
   // kDqTrans (Bm = 80): the tile is the transposed dQ^T (d x Bm) in two 64-d-row
   // slabs, slab wq = warpgroup wq's accumulator (d rows [64*wq, 64*wq + 64), all Bm query
   // columns), wq*64*Bm floats apart, with the same formula over (slab row = d, column = query):
-  // kDqCols = Bm, kDqKK = Bm / 8 (bwd_aux.cu dq80_frag_offset reads it back).
+  // kDqCols = Bm, kDqKK = Bm / 8 (bwd_aux.cu's 80-row convert reads it back).
   static constexpr int kDqCols = kDqTrans ? Bm : kDqRowSplit ? D : D / kDqWG, kDqKK = kDqCols / 8;
   using DqAtomShape = std::conditional_t<
       kDqTrans, Shape<_64, Int<Bm>, Int<Bn>>,
