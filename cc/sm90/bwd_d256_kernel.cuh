@@ -153,10 +153,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       while (have && a.deterministic) {
         const int h = hk * a.heads_per_kv + g;
         const int64_t base = bwd_sem_word(a, b, h, m);
-        const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
+        const uint32_t first = bwd_order_first(a, base, slot, lane);
         float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
         Barrier::wait(&ss.dq_full[stage], phase);
-        if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
+        bwd_wait_order(a, base, slot, lane, first);
         if (lane == 0) {
           const float* src0 = reinterpret_cast<const float*>(ss.q.begin() + stage * T::kStageElems);
           const float* src1 = reinterpret_cast<const float*>(ss.dO.begin() + stage * T::kStageElems);
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                 : "memory");
           asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
           // frees the stage (the producer may refill it) before the ordering bit's release
-          bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), a.deterministic,
+          bwd_finish_dq_reduce(a.dq_sem + base + slot / 32, 1u << (slot % 32), true,
                                &ss.empty[stage]);
         }
         __syncwarp();
@@ -314,7 +314,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // After this warpgroup's GEMMs of the tile in stage st completed. Deterministic: `consumed` (the
   // stage's Q / dO may be overwritten by dQ once both warpgroups arrived); otherwise the stage is
   // free for the producer.
-  auto release_stage = [&](int st) { pp_arrive(a.deterministic ? &ss.consumed[st] : &ss.empty[st]); };
+  auto release_stage = [&](int st) {
+    pp_arrive(a.deterministic ? &ss.consumed[st] : &ss.empty[st]);
+  };
   // This warpgroup's dQ half of the tile in stage st, in the workspace's fragment order, in two
   // halves (fragment elements [0, 32) and [32, 64)), so that the S / dP GEMMs of the next tile can
   // be issued in between: the registers of the first half are free by then.

@@ -270,9 +270,9 @@ __device__ __forceinline__ void bwd_finish_dq_reduce(uint32_t* sem_word, uint32_
 // block, d columns; element pairs at (row_base, 8 * cc + col_base)) goes as Elem 8 x 8 blocks
 // with stmatrix into a row-major (key, d) staging tile whose 16-byte chunks are XOR-swizzled by
 // key % 8, so that the 8 rows of a block and the 16 chunks of a row hit distinct banks;
-// bwd_rows_to_global then writes whole rows with 16-byte stores: storing the fragment pairs directly
-// would be 4-byte stores, half a sector each, 4x the L2 requests for the same bytes at the end of
-// every CTA. k0w = the warp's first row (64 * warpgroup + 16 * warp).
+// bwd_rows_to_global then writes whole rows with 16-byte stores: storing the fragment pairs
+// directly would be 4-byte stores, half a sector each, 4x the L2 requests for the same bytes at the
+// end of every CTA. k0w = the warp's first row (64 * warpgroup + 16 * warp).
 template <int D>
 __device__ __forceinline__ uint32_t bwd_stage_offset(int row, int chunk) {
   static_assert(D / 8 >= 8, "the XOR swizzle needs 8 chunks per row");

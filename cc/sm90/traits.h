@@ -477,8 +477,8 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
     alignas(1024) cute::ArrayEngine<Elem, cosize_v<SmemLayoutPt>> ds;
     alignas(16) float rs[Stages][2][Bm];  // [stage][0] = lse * log2(e), [stage][1] = D
     alignas(8) uint64_t full[Stages];      // Q + dO + row statistics of a tile landed
-    alignas(8) uint64_t empty[Stages];     // stage free again (deterministic: the dQ staged over it read)
-    alignas(8) uint64_t consumed[Stages];  // deterministic: both warpgroups' GEMMs on the stage done
+    alignas(8) uint64_t empty[Stages];     // stage free again (deterministic: its staged dQ read)
+    alignas(8) uint64_t consumed[Stages];  // deterministic: both warpgroups' GEMMs on it done
     alignas(8) uint64_t dq_full[Stages];   // deterministic: both dQ halves written over the stage
     alignas(8) uint64_t pds_full[kPdsBufs];   // P^T / dS^T slices of both warpgroups stored
     alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
