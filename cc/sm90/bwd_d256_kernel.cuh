@@ -86,6 +86,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = tid % 32;
 
   if (tid == 0) {
+    // the clocked walk's first tile (mask_walk.cuh), one value for every role
+    ss.walk_start = -1;  // ascending, not on the clock
+    if (a.walk_clocked && bwd_group_skips_none<Bm, Bn>(a, b, hk, n)) {
+      const uint32_t r = ld_acquire_gpu(a.walk_clock) / (uint32_t)a.walk_sms;
+      ss.walk_start = (int)((r + (uint32_t)n) % (uint32_t)a.mblk);
+    }
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
       // deterministic: the dQ writer hands the stage back once the dQ staged over it is read;
@@ -107,9 +113,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.begin()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.begin()), typename T::SmemLayoutK{});
 
-  int g = 0, m = 0;
+  // Every role walks the same tiles: ascending, or clocked from tile rot = ss.walk_start >= 0 (a
+  // clocked walk keeps every tile, so bwd_find_kept gives (g, m) back with its partial flag, or
+  // false past the last head).
+  const int rot = ss.walk_start;
+  int g = 0, m = max(rot, 0);
   bool partial = false;
   bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  auto next_kept = [&]() {
+    ++m;
+    if (rot >= 0) {
+      if (m == a.mblk) m = 0;
+      if (m == rot) ++g;  // head g done: the next one from rot
+    }
+    return bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+  };
 
   if (tid < 128) {  // ---------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<24>();
@@ -140,9 +158,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           else  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
             bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss.z, b,
                                               h, m, stage);
+          // only clocked walks advance the clock: the phase it measures is theirs
+          if (rot >= 0)
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
           if (++stage == S) { stage = 0; phase ^= 1; }
-          ++m;
-          have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+          have = next_kept();
         }
       }
       if (lane == 0) bwd_zero_stop(ss.z);  // `have` is false here
@@ -175,8 +195,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         __syncwarp();
         if (++stage == S) { stage = 0; phase ^= 1; }
-        ++m;
-        have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+        have = next_kept();
       }
       if (lane == 0 && a.deterministic) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     } else if (warp == 2) {
@@ -378,8 +397,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     sdp_gemms(0);
     math(Int<1>{}, Int<0>{}, 0, 0);
     float* gdq = dq_rows();  // of tile t
-    ++m;
-    bool next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+    bool next = next_kept();
     while (true) {
       const int st = t & 1, par = (t >> 1) & 1;
       const int st1 = st ^ 1, par1 = ((t + 1) >> 1) & 1;
@@ -405,8 +423,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       math(Int<1>{}, Int<0>{}, st1, par1);
       gdq = dq_rows();
       ++t;
-      ++m;
-      next = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
+      next = next_kept();
     }
   }
 
@@ -439,6 +456,7 @@ cudaError_t launch_bwd_d256_impl(const BwdParams& p, cudaStream_t stream, const 
   auto tma_q = std::get<0>(tmas), tma_do = std::get<1>(tmas);
   auto tma_k = std::get<2>(tmas), tma_v = std::get<3>(tmas);
   BwdArgs a = bwd_args(p, g.nblk, g.mblk, g.sq_pad, g.sem_words);
+  bwd_set_clocked_walk(p, a, g.nblk, g.mblk, g.sq_pad, sizeof(typename T::Elem));
   if (p.deterministic) {
     e = bwd_launch_det_order(p, a, g.nblk, g.mblk, T::Bm, stream, err);
     if (e != cudaSuccess) return e;

@@ -196,4 +196,20 @@ inline int bwd_device_attr(cudaDeviceAttr attr, int fallback) {
   return v;
 }
 
+// Clocked walks (mask_walk.cuh bwd_group_skips_none; docs/decisions.md#bwd-clocked-walk) in the
+// default mode (deterministic mode keeps its fixed summation order) where a kv head's Q / dO / dQ
+// stream exceeds the L2; below that size the ascending walk (its out-of-phase CTAs still hit in
+// L2). The clock is the scheduler area's spare word; its start value does not matter.
+inline void bwd_set_clocked_walk(const BwdParams& p, BwdArgs& a, int nblk, int mblk, int sq_pad,
+                                 size_t elem_bytes) {
+  const BwdMetaLayout ml = bwd_meta_layout(p, nblk, mblk);
+  if (p.deterministic || p.meta_capacity < ml.sched + 4) return;
+  const int64_t head_stream_bytes =
+      (int64_t)a.heads_per_kv * sq_pad * p.d * (2 * (int64_t)elem_bytes + (int64_t)sizeof(float));
+  if (head_stream_bytes <= bwd_device_attr(cudaDevAttrL2CacheSize, 50 << 20)) return;
+  a.walk_clocked = 1;
+  a.walk_clock = reinterpret_cast<uint32_t*>(p.meta + ml.sched + 3);
+  a.walk_sms = bwd_device_attr(cudaDevAttrMultiProcessorCount, 132);
+}
+
 }  // namespace jfm::sm90

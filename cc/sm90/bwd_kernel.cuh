@@ -638,19 +638,8 @@ cudaError_t launch_bwd_impl(const BwdParams& p, cudaStream_t stream, const char*
   BwdArgs a = bwd_args(p, nblk, mblk, sq_pad, sem_words);
   a.items_total = (int)std::min<int64_t>(items_total, INT32_MAX);
   a.zero_count = zero_count;
-  // Clocked walks (bwd_group_skips_none): 80-row lock-step kernels in the default mode
-  // (deterministic mode keeps its fixed summation order), where a kv head's Q / dO / dQ stream
-  // exceeds the L2; below that size the ascending walk (its out-of-phase CTAs still hit in L2).
-  if (T::kLockstep && T::Bm == 80 && !p.deterministic && p.meta_capacity >= ml.sched + 4) {
-    const int64_t head_stream_bytes =
-        (int64_t)a.heads_per_kv * sq_pad * D * (2 * sizeof(Elem) + sizeof(float));
-    const int l2 = bwd_device_attr(cudaDevAttrL2CacheSize, 50 << 20);
-    a.walk_clocked = head_stream_bytes > l2 ? 1 : 0;
-    if (a.walk_clocked) {
-      a.walk_clock = reinterpret_cast<uint32_t*>(p.meta + ml.sched + 3);  // the spare word
-      a.walk_sms = bwd_device_attr(cudaDevAttrMultiProcessorCount, 132);
-    }
-  }
+  // clocked walks: the 80-row lock-step kernels (the others walk ascending)
+  if (T::kLockstep && T::Bm == 80) bwd_set_clocked_walk(p, a, nblk, mblk, sq_pad, sizeof(Elem));
 
   dim3 grid(nblk, p.K, p.B);
   if constexpr (T::kDetGroups) {

@@ -71,10 +71,10 @@ struct BwdArgs {
   // Look-ahead zeroing of dq_accum (bwd_zero_ahead below; nullptr = the prep kernel zeroes all of
   // it): one counter per launch unit, zeroed before the launch.
   int* zero_count;
-  // 80-row kernels, default mode: 1 = clocked walks (bwd_group_skips_none), key block n from
-  // tile r = (*walk_clock / walk_sms + n) mod mblk, walk_clock counting the tiles the clocked walks
-  // issued so far (its start value is arbitrary); 0 = ascending (every other kernel,
-  // deterministic mode).
+  // 80-row and d = 256 kernels, default mode: 1 = clocked walks (bwd_group_skips_none), key
+  // block n from tile r = (*walk_clock / walk_sms + n) mod mblk, walk_clock counting the tiles
+  // the clocked walks issued so far (its start value is arbitrary); 0 = ascending (every other
+  // kernel, deterministic mode).
   int walk_clocked;
   uint32_t* walk_clock;
   int walk_sms;

@@ -257,16 +257,17 @@ __device__ __forceinline__ bool bwd_find_kept(const BwdArgs& a, int b, int hk, i
   return false;
 }
 
-// The clocked walk (80-row kernels in the default mode, BwdArgs::walk_clocked): each head's
-// tiles from tile r up, then from 0 up to r - 1, with r = (tiles issued so far / SMs + n) mod mblk,
-// for key blocks that skip no tile of any head of their kv group (bwd_group_skips_none; all
-// others walk ascending). Why: at 128K full (H = 32) the resident CTAs' Q / dO / dQ stream
-// missed L2 (2 TB of DRAM traffic per kernel against 28 GB at 32K for a quarter of the work):
-// CTAs start when their SM's previous one ends, so after many waves their walks are out of phase
-// and the tiles in use span the whole head (131 MB against the 50 MB L2). The clocked start lets a
-// CTA join where the running ones are (the clock advances one tile per SM-tile), one tile after
-// its predecessor key block (docs/decisions.md#bwd-d128-rows80). Masked key blocks walk ascending: their walks differ in length, so the clock is no
-// phase for them, and ascending they ran faster than clocked (docs/decisions.md#bwd-clocked-walk).
+// The clocked walk (the 80-row and d = 256 kernels in the default mode, BwdArgs::walk_clocked):
+// each head's tiles from tile r up, then from 0 up to r - 1, with r = (tiles issued so far / SMs
+// + n) mod mblk, for key blocks that skip no tile of any head of their kv group
+// (bwd_group_skips_none; all others walk ascending). Why: at 128K full (H = 32) the resident
+// CTAs' Q / dO / dQ stream missed L2 (2 TB of DRAM traffic per kernel against 28 GB at 32K for a
+// quarter of the work): CTAs start when their SM's previous one ends, so after many waves their
+// walks are out of phase and the tiles in use span the whole head (131 MB against the 50 MB L2).
+// The clocked start lets a CTA join where the running ones are (the clock advances one tile per
+// SM-tile), one tile after its predecessor key block (docs/decisions.md#bwd-d128-rows80). Masked
+// key blocks walk ascending: their walks differ in length, so the clock is no phase for them, and
+// ascending they ran faster than clocked (docs/decisions.md#bwd-clocked-walk).
 template <int Bm, int Bn>
 __device__ __forceinline__ bool bwd_group_skips_none(const BwdArgs& a, int b, int hk, int n) {
   const int hm_last = (hk * a.heads_per_kv + a.heads_per_kv - 1) / a.heads_per_mask;

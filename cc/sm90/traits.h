@@ -348,7 +348,7 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
     BwdZeroHandoff z;                  // flagged tiles to the zero warp (bwd_mainloop.cuh)
     int64_t sem_prev;                  // deterministic: word of the tile whose bit is still owed
     Extra x;
-    int walk_start;                    // 80-row kernels: the clocked walk's first tile, -1: ascending
+    int walk_start;                    // the clocked walk's first tile, -1: ascending
   };
 };
 
@@ -484,6 +484,7 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
     alignas(8) uint64_t pds_empty[kPdsBufs];  // GEMM reads of the P / dS buffer done (both)
     alignas(8) uint64_t kv_full;              // K + V landed
     BwdZeroHandoff z;                         // flagged tiles to the zero warp (bwd_mainloop.cuh)
+    int walk_start;                           // the clocked walk's first tile, -1: ascending
   };
 };
 

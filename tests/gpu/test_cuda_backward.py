@@ -566,16 +566,18 @@ def test_walk_jumps(name):
     _assert_same_bits(r1, r2, f"jumps {name}")
 
 
-def test_clocked_walk():
-    """The 80-row kernel walks the key blocks that skip no query tile of their kv group from a
-    clocked start where a kv head's Q / dO / dQ stream exceeds the L2 (bwd_group_skips_none): 8
-    query heads on one kv head at 8K (8 x 8192 x 128 x 8 bytes = 64 MB), full and prefix-LM masks.
-    The deterministic mode keeps the ascending walk: the two agree up to fp32 summation order."""
-    cfg = _cfg(configs.backward_config(128).name)
+@pytest.mark.parametrize("d,S", [(128, 8192), (256, 4096)])
+def test_clocked_walk(d, S):
+    """The default d = 128 (80-row) and d = 256 kernels walk the key blocks that skip no query tile
+    of their kv group from a clocked start where a kv head's Q / dO / dQ stream exceeds the L2
+    (bwd_group_skips_none): 8 query heads on one kv head (8 x S x d x 8 bytes = 64 MB), full and
+    prefix-LM masks. The deterministic mode keeps the ascending walk: the two agree up to fp32
+    summation order."""
+    cfg = _cfg(configs.backward_config(d).name)
     masks = pytest.importorskip("jax_flashmask.masks")
     rng = np.random.default_rng(_seed())
-    B, S, N, K = 1, 8192, 8, 1
-    q, k, v, do = _inputs(rng, B, S, S, N, K, 128, jnp.bfloat16)
+    B, N, K = 1, 8, 1
+    q, k, v, do = _inputs(rng, B, S, S, N, K, d, jnp.bfloat16)
     suite = masks.benchmark_suite(S, 0, batch=B)
     for name in ("full", "prefix_lm_causal"):
         m = suite[name]
