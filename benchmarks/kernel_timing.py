@@ -8,6 +8,10 @@ FlashMask convention 4*B*H*S*S*d*(1-rho) (rho = fully masked 128x128 tiles; x2.5
 --configs: kernel configs by name (jax_flashmask.backends.cuda.configs; default: the table's
 choice per mask); several forward configs of one head dim are compared bit for bit with --check.
 --bwd: time the backward (its configs: the table's for --det / --sm-margin, or --configs bwd_*).
+Masks "document/L" and "causal_document/L": equal documents of L tokens (the last one shorter where
+L does not divide S). With L a multiple of the kernels' tile sides every kept tile is fully visible
+(document) or only the diagonal ones are partial (causal_document), and every walk has the same
+length, so a sweep over L separates a work unit's fixed cost from its tiles' cost.
 Usage: python benchmarks/kernel_timing.py --seqs 8192 32768 --masks full causal document \
            [--bwd --det 0 1] [--configs fwd_d256_bn80_wg2 fwd_d256_bn64_wg2_walk_bits] [--json out.json]
 """
@@ -70,6 +74,18 @@ def timing_suite(S: int, B: int, window: int | None = None, pad: int | None = No
     return suite
 
 
+def suite_mask(suite: dict, name: str, S: int, B: int):
+    """`suite[name]`, or for "document/L" / "causal_document/L" equal documents of L tokens."""
+    base, sep, n = name.partition("/")
+    if not sep:
+        return suite[name]
+    if base not in ("document", "causal_document") or not n.isdigit() or not 0 < int(n) <= S:
+        raise ValueError(f"--masks {name!r}: only document/L and causal_document/L, 0 < L <= S")
+    L = int(n)
+    lens = [L] * (S // L) + ([S % L] if S % L else [])
+    return getattr(masks, base)(lens, batch=B)
+
+
 def structure(name: str) -> str:
     return name if name in ("full", "causal") else "general"
 
@@ -129,7 +145,7 @@ def main():
         do = jax.random.normal(kd, (B, S, H, d), dtype) if a.bwd else None
         suite = timing_suite(S, B, a.window, a.pad)
         for name in a.masks:
-            m = suite[name]
+            m = suite_mask(suite, name, S, B)
             bounds = masks.canonical_bounds(m.startend_row_indices, causal=m.causal, q_len=S)
             rho = float(masks.block_sparsity(m, S, 128))
             vis = float(masks.visible_fraction(m, S))
