@@ -59,11 +59,13 @@ def mask_for(name: str, S: int, suite: dict, window=None):
         return getattr(masks, base)([L] * (S // L) + ([S % L] if S % L else []))
     if name == "sliding_window" and window:
         return masks.sliding_window(S, int(window))
+    if name not in suite:
+        raise ValueError(f"mask {name!r}: not one of the suite's twelve or document/L; --drop it")
     return suite[name]
 
 
-def load(path: str, S: int, d: int, bwd: bool):
-    """[(mask name, ms per batch row and head, mask)] of our kernels' rows in `path`."""
+def load(path: str, S: int, d: int, bwd: bool, drop=()):
+    """[(mask name, ms per batch row and head, mask)] of our kernels' rows in `path` (not `drop`)."""
     doc = json.load(open(path))
     if "results" in doc:  # bench_attention.py
         seed = (doc.get("meta", {}).get("args") or {}).get("seed", 0)
@@ -76,7 +78,8 @@ def load(path: str, S: int, d: int, bwd: bool):
         kind = "bwd_" if bwd else "fwd_"
         rows = [(r["mask"], r["ms"], r) for r in doc["rows"]
                 if r["impl"].startswith(kind) and r["S"] == S and r["d"] == d]
-    return [(n, ms / (r["B"] * r["H"]), mask_for(n, S, suite, r.get("window"))) for n, ms, r in rows]
+    return [(n, ms / (r["B"] * r["H"]), mask_for(n, S, suite, r.get("window")))
+            for n, ms, r in rows if n not in drop]
 
 
 def main(argv=None):
@@ -92,7 +95,7 @@ def main(argv=None):
     if a.tile is None and (direction, a.d) not in TILES:
         raise ValueError(f"--d {a.d}: no default tile shape; pass --tile ROWS KEYS")
     rows, keys = a.tile or TILES[(direction, a.d)]
-    data = [x for x in load(a.json, a.S, a.d, a.bwd) if x[0] not in a.drop]
+    data = load(a.json, a.S, a.d, a.bwd, a.drop)
     if len(data) < 4:
         raise ValueError(f"{a.json}: {len(data)} rows of ours at S = {a.S}, d = {a.d}; the fit needs 4")
     X, y = [], []
