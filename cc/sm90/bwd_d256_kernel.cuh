@@ -86,12 +86,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int lane = tid % 32;
 
   if (tid == 0) {
-    // the clocked walk's first tile (mask_walk.cuh), one value for every role
-    ss.walk_start = -1;  // ascending, not on the clock
-    if (a.walk_clocked && bwd_group_skips_none<Bm, Bn>(a, b, hk, n)) {
-      const uint32_t r = ld_acquire_gpu(a.walk_clock) / (uint32_t)a.walk_sms;
-      ss.walk_start = (int)((r + (uint32_t)n) % (uint32_t)a.mblk);
-    }
+    ss.walk_start = bwd_walk_start<Bm, Bn>(a, b, hk, n);  // one value for every role
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
       // deterministic: the dQ writer hands the stage back once the dQ staged over it is read;
@@ -121,11 +116,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   bool partial = false;
   bool have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   auto next_kept = [&]() {
-    ++m;
-    if (rot >= 0) {
-      if (m == a.mblk) m = 0;
-      if (m == rot) ++g;  // head g done: the next one from rot
-    }
+    bwd_walk_advance(a, rot, g, m);
     return bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   };
 
@@ -158,9 +149,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           else  // fully masked rows: their Q / dO zeroed first (unseen.cuh)
             bwd_load_q_do_zeroed<Elem, Bm, D>(a, tma_q, tma_do, tQg, tQs, tdOg, tdOs, rs, ss.z, b,
                                               h, m, stage);
-          // only clocked walks advance the clock: the phase it measures is theirs
-          if (rot >= 0)
-            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
+          if (rot >= 0) bwd_walk_clock_tick(a);
           if (++stage == S) { stage = 0; phase ^= 1; }
           have = next_kept();
         }
@@ -174,7 +163,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const int h = hk * a.heads_per_kv + g;
         const int64_t base = bwd_sem_word(a, b, h, m);
         const uint32_t first = bwd_order_first(a, base, slot, lane);
-        float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+        float* gtile = bwd_dq_tile<Bm, D>(a, b, h, m);
         Barrier::wait(&ss.dq_full[stage], phase);
         bwd_wait_order(a, base, slot, lane, first);
         if (lane == 0) {
@@ -379,9 +368,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   };
   // the dQ rows of the tile at (g, m) in dq_accum, offset by this warpgroup's half
   auto dq_rows = [&]() {
-    const int h = hk * a.heads_per_kv + g;
-    return a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D +
-           wg * T::kDqHalfFloats;
+    return bwd_dq_tile<Bm, D>(a, b, hk * a.heads_per_kv + g, m) + wg * T::kDqHalfFloats;
   };
   auto gemms_done = [&]() {
     warpgroup_fence_operand(tdVrdV);

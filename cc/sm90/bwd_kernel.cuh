@@ -120,14 +120,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   constexpr bool kRot = T::kLockstep && Bm == 80;
   if (tid == 0) {
-    if constexpr (kRot) {
-      // the clocked walk's first tile, one value for the TMA lane and the dQ writer
-      ss.walk_start = -1;  // ascending, not on the clock
-      if (a.walk_clocked && bwd_group_skips_none<Bm, Bn>(a, b, hk, n)) {
-        const uint32_t r = ld_acquire_gpu(a.walk_clock) / (uint32_t)a.walk_sms;
-        ss.walk_start = (int)((r + (uint32_t)n) % (uint32_t)a.mblk);
-      }
-    }
+    // the clocked walk's first tile, one value for the TMA lane and the dQ writer
+    if constexpr (kRot) ss.walk_start = bwd_walk_start<Bm, Bn>(a, b, hk, n);
     for (int s = 0; s < S; ++s) {
       Barrier::init(&ss.full[s], 1);
       Barrier::init(&ss.empty[s], kConsumers);
@@ -167,11 +161,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   bool have = false;  // persistent: per item and role (Sched::start_walk)
   if constexpr (!kPersist) have = bwd_find_kept<Bm, Bn>(a, b, hk, n, g, m, partial);
   auto next_kept = [&](const BwdItem& w, int& g_, int& m_, bool& partial_) {
-    ++m_;
-    if (kRot && rot >= 0) {
-      if (m_ == a.mblk) m_ = 0;
-      if (m_ == rot) ++g_;  // head g_ done: the next one from rot
-    }
+    bwd_walk_advance(a, rot, g_, m_);
     return bwd_find_kept<Bm, Bn>(a, w.b, w.hk, w.n, g_, m_, partial_);
   };
   // Lock-step consumers: the TMA lane publishes each tile's (m, g | partial << 30 | last << 31) in
@@ -224,9 +214,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                            : "memory");
             }
             if constexpr (kRot) {
-              if (on_clock)
-                asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock)
-                             : "memory");
+              if (on_clock) bwd_walk_clock_tick(a);
             }
             float* rs = &ss.x.rs[stage][0][0];
             if (zq == 0)

@@ -316,6 +316,12 @@ __device__ __forceinline__ void bwd_rows_to_global(Elem* g, const Elem* stage, i
   }
 }
 
+// The fp32 dQ rows of query tile m (Bm rows; head h, batch b) in the dq_accum workspace.
+template <int Bm, int D>
+__device__ __forceinline__ float* bwd_dq_tile(const BwdArgs& a, int b, int h, int m) {
+  return a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+}
+
 // The dQ-writer warp's part of one tile (query head h, tile m) of a key block: wait for the
 // consumers' dQ tile in smem buffer `buf` (dq_full, parity `phase`), in deterministic mode for the
 // ordering bits of the slots above `slot`, then lane 0 issues the bulk reduce-add and publishes
@@ -325,7 +331,7 @@ __device__ __forceinline__ void bwd_write_dq_tile(const BwdArgs& a, Storage& ss,
                                                   int m, int slot, int lane, int buf, int phase) {
   const int64_t base = bwd_sem_word(a, b, h, m);
   const uint32_t first = a.deterministic ? bwd_order_first(a, base, slot, lane) : 0u;
-  float* gtile = a.dq_accum + (((int64_t)b * a.N + h) * a.sq_pad + (int64_t)m * Bm) * D;
+  float* gtile = bwd_dq_tile<Bm, D>(a, b, h, m);
   cutlass::arch::ClusterTransactionBarrier::wait(&ss.dq_full[buf], phase);
   if (a.deterministic) bwd_wait_order(a, base, slot, lane, first);
   if (lane == 0) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "kernel_args.h"
+#include "primitives.cuh"
 
 namespace jfm::sm90 {
 
@@ -279,6 +280,31 @@ __device__ __forceinline__ bool bwd_group_skips_none(const BwdArgs& a, int b, in
     if (e1 > s1 || e2 > s2) return false;
   }
   return true;
+}
+
+// Key block n's first tile r of the clocked walk, or -1 where it walks ascending (no clock, or it
+// skips a tile). One thread reads the clock; the value goes to every role.
+template <int Bm, int Bn>
+__device__ __forceinline__ int bwd_walk_start(const BwdArgs& a, int b, int hk, int n) {
+  if (!a.walk_clocked || !bwd_group_skips_none<Bm, Bn>(a, b, hk, n)) return -1;
+  const uint32_t r = ld_acquire_gpu(a.walk_clock) / (uint32_t)a.walk_sms;
+  return (int)((r + (uint32_t)n) % (uint32_t)a.mblk);
+}
+
+// The walk's next candidate after tile (g, m): tile m + 1, and on a clocked walk (rot >= 0, the
+// first tile) the wrap to tile 0, then the next head once the walk is back at rot.
+__device__ __forceinline__ void bwd_walk_advance(const BwdArgs& a, int rot, int& g, int& m) {
+  ++m;
+  if (rot >= 0) {
+    if (m == a.mblk) m = 0;
+    if (m == rot) ++g;
+  }
+}
+
+// A clocked walk issued one tile (its TMA lane, once per tile): only clocked walks advance the
+// clock, so the phase it measures is theirs.
+__device__ __forceinline__ void bwd_walk_clock_tick(const BwdArgs& a) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(a.walk_clock) : "memory");
 }
 
 // Bits [pos, pos + width) of a 32-bit word (bmsk.clamp: 0 for width 0 or pos >= 32; a range
