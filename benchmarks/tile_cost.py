@@ -12,8 +12,9 @@ query tiles). b / a is what a partial tile costs against a visible one, c / a a 
 computed tile of the full mask in the same file over the mask's (our target is ≥ 0.90); with the
 fit, a walk of w visible tiles reaches about w / (w + c / a).
 
-Reads result JSON of bench_attention.py (masks of `benchmark_suite(S, SeedSequence([seed, S]))`)
-or of kernel_timing.py (`benchmark_suite(S, 0)`, "document/L" = equal documents of L tokens).
+Reads result JSON of bench_attention.py or of kernel_timing.py and rebuilds each row's mask with
+that script's own suite (bench_attention.mask_suite; kernel_timing.timing_suite / suite_mask,
+"document/L" = equal documents of L tokens).
 The suite's masks alone tie partial tiles to short walks; kernel_timing's document/L sweep separates
 them (every walk the same length, partial tiles only where the tiles straddle a document edge).
 
@@ -33,53 +34,48 @@ import sys
 
 import numpy as np
 
-from jax_flashmask import masks
+from jax_flashmask import _blocks, masks
 
 TILES = {("fwd", 64): (192, 128), ("fwd", 128): (128, 128), ("fwd", 256): (128, 64),
          ("bwd", 64): (128, 128), ("bwd", 128): (80, 128), ("bwd", 256): (64, 64)}
 
 
-def tile_classes(m, S: int, rows: int, keys: int):
-    """(visible, partial) booleans [B, Hm, query tiles, key blocks] of mask `m` at length S."""
-    b = masks.canonical_bounds_np(np.asarray(m.startend_row_indices), causal=m.causal, q_len=S)
-    starts = np.arange(0, b.shape[-1], keys)
-    lo = [np.minimum.reduceat(b[:, :, k], starts, axis=-1)[:, :, None, :] for k in range(4)]
-    hi = [np.maximum.reduceat(b[:, :, k], starts, axis=-1)[:, :, None, :] for k in range(4)]
-    ms = np.arange(0, S, rows)[:, None]
-    me = np.minimum(ms + rows, S)
-    skip = ((ms >= hi[0]) & (me <= lo[1])) | ((ms >= hi[2]) & (me <= lo[3]))
-    part = (((ms < hi[1]) & (me > lo[0])) | ((ms < hi[3]) & (me > lo[2]))) & ~skip
-    return ~skip & ~part, part
-
-
-def mask_for(name: str, S: int, suite: dict, window=None):
-    base, sep, n = name.partition("/")
-    if sep:  # kernel_timing's equal documents
-        L = int(n)
-        return getattr(masks, base)([L] * (S // L) + ([S % L] if S % L else []))
-    if name == "sliding_window" and window:
-        return masks.sliding_window(S, int(window))
-    if name not in suite:
-        raise ValueError(f"mask {name!r}: not one of the suite's twelve or document/L; --drop it")
-    return suite[name]
+def tile_classes(ind, causal: bool, S: int, rows: int, keys: int):
+    """(visible, partial) booleans [B, Hm, query tiles, key blocks] of the mask (startend row
+    indices `ind`, `causal`) at length S, by the classification every blocked path uses
+    (jax_flashmask._blocks)."""
+    b = masks.canonical_bounds_np(np.asarray(ind), causal=causal, q_len=S)
+    nk = -(-b.shape[-1] // keys)
+    b = _blocks.pad_bounds(b, nk * keys, S)
+    cls = np.asarray(_blocks.classify(*_blocks.block_metadata(b, keys), S, rows, -(-S // rows)))
+    return cls == _blocks.VISIBLE, cls == _blocks.PARTIAL
 
 
 def load(path: str, S: int, d: int, bwd: bool, drop=()):
-    """[(mask name, ms per batch row and head, mask)] of our kernels' rows in `path` (not `drop`)."""
+    """[(mask name, ms per batch row and head, (indices, causal))] of our kernels' rows in `path`
+    (not `drop`), each with the mask the script timed."""
     doc = json.load(open(path))
     if "results" in doc:  # bench_attention.py
+        import bench_attention
+
         seed = (doc.get("meta", {}).get("args") or {}).get("seed", 0)
-        suite = masks.benchmark_suite(S, np.random.SeedSequence([seed, S]))
+        suite = bench_attention.mask_suite(S, seed)
         key = "bwd_ms" if bwd else "fwd_ms"
         rows = [(r["mask"], r[key], r) for r in doc["results"]
                 if r["impl"] == "ours" and r["S"] == S and r["d"] == d and r.get(key)]
-    else:  # kernel_timing.py: ours are the rows whose impl is a kernel config
-        suite = masks.benchmark_suite(S, 0)
-        kind = "bwd_" if bwd else "fwd_"
-        rows = [(r["mask"], r["ms"], r) for r in doc["rows"]
-                if r["impl"].startswith(kind) and r["S"] == S and r["d"] == d]
-    return [(n, ms / (r["B"] * r["H"]), mask_for(n, S, suite, r.get("window")))
-            for n, ms, r in rows if n not in drop]
+        return [(n, ms / (r["B"] * r["H"]), suite[n]) for n, ms, r in rows if n not in drop]
+    import kernel_timing  # ours are the rows whose impl is a kernel config
+
+    kind = "bwd_" if bwd else "fwd_"
+    suites, out = {}, []  # one suite per sliding-window width (--window)
+    for r in doc["rows"]:
+        if r["impl"].startswith(kind) and r["S"] == S and r["d"] == d and r["mask"] not in drop:
+            w = r.get("window")
+            if w not in suites:
+                suites[w] = kernel_timing.timing_suite(S, 1, w)
+            m = kernel_timing.suite_mask(suites[w], r["mask"], S, 1)
+            out.append((r["mask"], r["ms"] / (r["B"] * r["H"]), (m.startend_row_indices, m.causal)))
+    return out
 
 
 def main(argv=None):
@@ -100,7 +96,7 @@ def main(argv=None):
         raise ValueError(f"{a.json}: {len(data)} rows of ours at S = {a.S}, d = {a.d}; the fit needs 4")
     X, y = [], []
     for name, t, m in data:
-        vis, part = tile_classes(m, a.S, rows, keys)
+        vis, part = tile_classes(*m, a.S, rows, keys)
         heads = vis.shape[0] * vis.shape[1]
         kept = (vis | part).sum(axis=-1 if direction == "fwd" else -2)
         X.append([vis.sum() / heads, part.sum() / heads, (kept > 0).sum() / heads])
