@@ -338,12 +338,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     constexpr int e0 = decltype(half)::value * 32;
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
+    // float offset of accumulator pair (e, e + 1) in a dQ half tile (the layout the convert reads)
     const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
+    auto pair_offset = [&](int e) { return fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64; };
     if (!a.deterministic) {
       CUTE_UNROLL
       for (int e = e0; e < e0 + 32; e += 2) {
-        const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(gdq + o),
+        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(gdq + pair_offset(e)),
                      "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
                      : "memory");
       }
@@ -354,8 +355,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                           st * T::kStageElems);
     CUTE_UNROLL
     for (int e = e0; e < e0 + 32; e += 2) {
-      const int o = fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64;
-      *reinterpret_cast<float2*>(dst + o) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+      *reinterpret_cast<float2*>(dst + pair_offset(e)) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
     }
     if constexpr (e0 == 32) {
       pp_fence_async_smem();
