@@ -621,23 +621,17 @@ cudaError_t bwd_prep_sm90(const BwdParams& p, int sq_pad, size_t dq_zero_floats,
   return bwd_prep_launch<cutlass::half_t>(p, sq_pad, dq_zero_floats, tile_flags, block_m, stream);
 }
 
-cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {
-  if ((int64_t)p.B * p.Sq * p.N * p.d == 0) return cudaSuccess;
+namespace {
+template <class Elem>
+cudaError_t bwd_convert_launch(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {
   const bool vec16 = reinterpret_cast<uintptr_t>(p.dq) % 16 == 0;  // else 4-byte stores
+  Elem* dq = static_cast<Elem*>(p.dq);
   if (block_m == kRows80 && p.d == kRows80D) {  // 80-row tiles: the transposed fragment order
     if (sq_pad % kRows80 != 0 || p.N > 65535 || p.B > 65535) return cudaErrorInvalidValue;
     const dim3 grid((unsigned)(sq_pad / kRows80), (unsigned)p.N, (unsigned)p.B);
-    if (p.dtype == DType::kBF16) {
-      auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::bfloat16_t, true>
-                          : &bwd_convert80_kernel<cutlass::bfloat16_t, false>;
-      kernel<<<grid, kConv80Threads, 0, stream>>>(
-          p.dq_accum, p.rowstats, static_cast<cutlass::bfloat16_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
-    } else {
-      auto kernel = vec16 ? &bwd_convert80_kernel<cutlass::half_t, true>
-                          : &bwd_convert80_kernel<cutlass::half_t, false>;
-      kernel<<<grid, kConv80Threads, 0, stream>>>(
-          p.dq_accum, p.rowstats, static_cast<cutlass::half_t*>(p.dq), p.Sq, p.N, sq_pad, p.scale);
-    }
+    auto kernel = vec16 ? &bwd_convert80_kernel<Elem, true> : &bwd_convert80_kernel<Elem, false>;
+    kernel<<<grid, kConv80Threads, 0, stream>>>(p.dq_accum, p.rowstats, dq, p.Sq, p.N, sq_pad,
+                                                p.scale);
     return cudaGetLastError();
   }
   if (p.d % 8 != 0 || sq_pad % kBwdBlockM != 0) return cudaErrorInvalidValue;
@@ -645,20 +639,18 @@ cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cud
   const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);  // (padded row, 8 columns)
   const int64_t blocks = (units + threads - 1) / threads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  if (p.dtype == DType::kBF16) {
-    auto kernel = vec16 ? &bwd_convert_kernel<cutlass::bfloat16_t, true>
-                        : &bwd_convert_kernel<cutlass::bfloat16_t, false>;
-    kernel<<<(unsigned)blocks, threads, 0, stream>>>(p.dq_accum, p.rowstats,
-                                                     static_cast<cutlass::bfloat16_t*>(p.dq), units,
-                                                     p.Sq, p.N, p.d, sq_pad, p.scale);
-  } else {
-    auto kernel = vec16 ? &bwd_convert_kernel<cutlass::half_t, true>
-                        : &bwd_convert_kernel<cutlass::half_t, false>;
-    kernel<<<(unsigned)blocks, threads, 0, stream>>>(p.dq_accum, p.rowstats,
-                                                     static_cast<cutlass::half_t*>(p.dq), units,
-                                                     p.Sq, p.N, p.d, sq_pad, p.scale);
-  }
+  auto kernel = vec16 ? &bwd_convert_kernel<Elem, true> : &bwd_convert_kernel<Elem, false>;
+  kernel<<<(unsigned)blocks, threads, 0, stream>>>(p.dq_accum, p.rowstats, dq, units, p.Sq, p.N,
+                                                   p.d, sq_pad, p.scale);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t bwd_convert_dq_sm90(const BwdParams& p, int sq_pad, int block_m, cudaStream_t stream) {
+  if ((int64_t)p.B * p.Sq * p.N * p.d == 0) return cudaSuccess;
+  if (p.dtype == DType::kBF16)
+    return bwd_convert_launch<cutlass::bfloat16_t>(p, sq_pad, block_m, stream);
+  return bwd_convert_launch<cutlass::half_t>(p, sq_pad, block_m, stream);
 }
 
 }  // namespace sm90
