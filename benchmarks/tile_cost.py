@@ -19,7 +19,7 @@ The suite's masks alone tie partial tiles to short walks; kernel_timing's docume
 them (every walk the same length, partial tiles only where the tiles straddle a document edge).
 
     python benchmarks/tile_cost.py benchmarks/results/h100_2026-12-05_peers.json --S 32768 --d 128
-    python benchmarks/tile_cost.py bwd_d128.json --S 32768 --d 128 --bwd [--drop random_eviction]
+    python benchmarks/tile_cost.py benchmarks/results/h100_2026-12-06_walk_sweep.json --S 32768 --d 128 --bwd
 
 Tile shapes (rows x keys) default to the kernels the config table picks for masks with vectors
 (forward d = 64 192 x 128, d = 128 128 x 128, d = 256 128 x 64; backward 128 x 128, 80 x 128,
