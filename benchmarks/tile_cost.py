@@ -10,7 +10,8 @@ with a work unit a query tile (forward: it walks key blocks) or a key block (bac
 query tiles). b / a is what a partial tile costs against a visible one, c / a a unit's fixed cost
 (prologue, epilogue, the walk's set-up) in visible tiles. The efficiency column: the time per
 computed tile of the full mask in the same file over the mask's (our target is ≥ 0.90); with the
-fit, a walk of w visible tiles reaches about w / (w + c / a).
+fit, a walk of w visible tiles reaches about w / (w + c / a). The fixed column reads c / a from one
+row alone where it has no partial tile: w · (1 / efficiency − 1).
 
 Reads result JSON of bench_attention.py or of kernel_timing.py and rebuilds each row's mask with
 that script's own suite (bench_attention.mask_suite; kernel_timing.timing_suite / suite_mask,
@@ -110,11 +111,15 @@ def main(argv=None):
     # efficiency: time per computed tile of the full mask in the same run over the mask's
     names = [n for n, _, _ in data]
     per_tile = y[names.index("full")] / X[names.index("full"), 0] if "full" in names else va
-    head = ("visible", "partial", "units", "walk", "efficiency", "fit err")
-    print(f"{'mask':26s} " + " ".join(f"{h:>{w}s}" for h, w in zip(head, (9, 8, 6, 6, 10, 8))))
+    # fixed: with no partial tile, a unit's fixed cost in visible tiles from this row alone,
+    # walk · (1 / efficiency − 1) (the equal-walk sweep's reading; noisy where efficiency ≈ 1)
+    head = ("visible", "partial", "units", "walk", "efficiency", "fixed", "fit err")
+    print(f"{'mask':26s} " + " ".join(f"{h:>{w}s}" for h, w in zip(head, (9, 8, 6, 6, 10, 6, 8))))
     for (name, t, _), x, e in zip(data, X, err):
-        print(f"{name:26s} {x[0]:9.0f} {x[1]:8.0f} {x[2]:6.0f} {(x[0] + x[1]) / x[2]:6.1f} "
-              f"{(x[0] + x[1]) * per_tile / t:10.3f} {e:+8.3f}")
+        walk, eff = (x[0] + x[1]) / x[2], (x[0] + x[1]) * per_tile / t
+        fixed = f"{walk * (1 / eff - 1):6.2f}" if x[1] == 0 and name != "full" else f"{'-':>6s}"
+        print(f"{name:26s} {x[0]:9.0f} {x[1]:8.0f} {x[2]:6.0f} {walk:6.1f} {eff:10.3f} {fixed} "
+              f"{e:+8.3f}")
     return 0
 
 
