@@ -151,7 +151,8 @@ def main():
             vis = float(masks.visible_fraction(m, S))
             flops = (2.5 if a.bwd else 1.0) * 4.0 * B * H * S * S * d * (1 - rho)
             base = dict(S=S, B=B, H=H, d=d, mask=name, rho=rho, visible=vis,
-                        window=a.window if name == "sliding_window" else None)
+                        window=a.window if name == "sliding_window" else None,
+                        pad=a.pad if name == "causal_padding" else None)
             if a.bwd:
                 runs = [(c or configs.backward_config(d, bool(det), a.sm_margin), bool(det))
                         for c in (named or [None]) for det in a.det]

@@ -68,13 +68,13 @@ def load(path: str, S: int, d: int, bwd: bool, drop=()):
     import kernel_timing  # ours are the rows whose impl is a kernel config
 
     kind = "bwd_" if bwd else "fwd_"
-    suites, out = {}, []  # one suite per sliding-window width (--window)
+    suites, out = {}, []  # one suite per (--window, --pad) the rows were timed with
     for r in doc["rows"]:
         if r["impl"].startswith(kind) and r["S"] == S and r["d"] == d and r["mask"] not in drop:
-            w = r.get("window")
-            if w not in suites:
-                suites[w] = kernel_timing.timing_suite(S, 1, w)
-            m = kernel_timing.suite_mask(suites[w], r["mask"], S, 1)
+            wp = (r.get("window"), r.get("pad"))
+            if wp not in suites:
+                suites[wp] = kernel_timing.timing_suite(S, 1, *wp)
+            m = kernel_timing.suite_mask(suites[wp], r["mask"], S, 1)
             out.append((r["mask"], r["ms"] / (r["B"] * r["H"]), (m.startend_row_indices, m.causal)))
     return out
 
