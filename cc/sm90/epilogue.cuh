@@ -159,9 +159,11 @@ __device__ __forceinline__ void bwd_wait_order(const BwdArgs& a, int64_t base, i
 // At CTA start the idle producer warp 3 of each CTA of unit u zeroes its slice of unit u + 1's
 // range and counts itself in zero_count[u + 1] (release); the dQ writer of a CTA of unit u >= 1
 // waits before its first reduce until zero_count[u] counts every CTA of unit u - 1 (acquire).
-// The prep kernel zeroes unit 0 only. Why: the prep kernel's zeros went to HBM (2.2 GB per 128K
-// tokens x 32 heads at d = 128) and the reduce-adds read them back; these are written into L2
-// one unit ahead of their use. Deadlock-free: a CTA waits only for CTAs launched before it.
+// The prep kernel zeroes unit 0 only. Why: the zeroing pass before the kernel goes away, its
+// stores made by warps that are otherwise idle. Not L2 reuse where a unit spans a wave or more
+// (long sequences): there the zeros reach DRAM before their first reduce-add and are read back, as
+// the prep kernel's are (docs/decisions.md#bwd-zero-ahead). Deadlock-free: a CTA waits only for
+// CTAs launched before it.
 struct BwdZeroUnit {
   int u;          // this CTA's unit
   int rank;       // its position in the unit's launch range
