@@ -1,13 +1,18 @@
-"""A/B table of two builds from bench_attention.py JSON files: per (S, d, mask), forward and
-forward+backward ms of each build and their ratio, plus the spread of the ratios.
+"""A/B table of two builds from bench_attention.py or kernel_timing.py JSON files: per cell, the
+time of each build and their ratio.
 
-Each build runs in its own process (its install on PYTHONPATH), one JSON file per configuration:
+Each build runs in its own process (its install on PYTHONPATH), one JSON file per run:
 
     python benchmarks/ab_compare.py --a new --b old --json ab_new_s32768_d128.json ab_old_s32768_d128.json ...
 
-The label of a file is the first of `--a` / `--b` found in its name; rows are matched by
-(S, d, mask). A configuration measured twice by the same build (a later rerun, e.g. `..._again`)
-goes into the noise table: the same build against itself is what run-to-run noise is.
+The label of a file is the first of `--a` / `--b` found in its name (split at "_").
+- bench_attention.py files ("results"): rows are matched by (S, d, mask), forward and
+  forward+backward ms. A configuration measured twice by the same build (a later rerun, e.g.
+  `..._again`) goes into the noise table: the same build against itself is what run-to-run noise is.
+- kernel_timing.py files ("rows"), typically ABBA (`ab_new_1.json ab_old_2.json ...`, one process
+  each): rows are matched by (S, d, mask, config) and cuDNN's rows by (S, d, mask); each build's
+  samples are listed, the ratio is of their medians, and a cell whose samples of the two builds do
+  not overlap is marked. With cuDNN rows, each build's speed against cuDNN in the same runs.
 """
 
 from __future__ import annotations
@@ -19,15 +24,65 @@ from pathlib import Path
 
 
 def load(files, labels):
-    runs = {}  # (label, S, d, mask) -> [row, ...] in file order
+    """(kind, runs): kind "bench" (bench_attention.py) or "kernel" (kernel_timing.py); runs maps
+    (label, S, d, mask[, impl]) to that build's rows in file order."""
+    runs, kinds = {}, set()
     for f in files:
         label = next((x for x in labels if x in Path(f).stem.split("_")), None)
         if label is None:
             raise SystemExit(f"{f}: its name carries neither label {labels}")
-        for r in json.loads(Path(f).read_text())["results"]:
-            if r.get("status") == "ok":
-                runs.setdefault((label, r["S"], r["d"], r["mask"]), []).append(r)
-    return runs
+        data = json.loads(Path(f).read_text())
+        if "rows" in data:  # kernel_timing.py
+            kinds.add("kernel")
+            for r in data["rows"]:
+                impl = "cudnn" if r["impl"].startswith("cudnn") else r["impl"]
+                runs.setdefault((label, r["S"], r["d"], r["mask"], impl), []).append(r)
+        else:
+            kinds.add("bench")
+            for r in data["results"]:
+                if r.get("status") == "ok":
+                    runs.setdefault((label, r["S"], r["d"], r["mask"]), []).append(r)
+    if len(kinds) > 1:
+        raise SystemExit("--json: bench_attention.py and kernel_timing.py files mixed; compare one kind")
+    return (kinds.pop() if kinds else "bench"), runs
+
+
+def apart(xs, ys) -> bool:
+    """Two builds' samples do not overlap (each with two or more)."""
+    return len(xs) > 1 and len(ys) > 1 and (max(xs) < min(ys) or min(xs) > max(ys))
+
+
+def render_kernel(runs, a, b) -> str:
+    out = []
+    cells = sorted({k[1:] for k in runs}, key=lambda k: (k[1] != 128, k[1], k[0], k[2], k[3] == "cudnn", k[3]))
+    ratios = []
+    for S, d in sorted({(k[0], k[1]) for k in cells}, key=lambda x: (x[1] != 128, x[1], x[0])):
+        out += [f"### S = {S}, d = {d}", "",
+                f"| mask | kernel | ms {a} | ms {b} | {a}/{b} | apart |", "|---|---|---|---|---:|---|"]
+        for _, _, m, impl in (c for c in cells if c[:2] == (S, d)):
+            xs = [r["ms"] for r in runs.get((a, S, d, m, impl), [])]
+            ys = [r["ms"] for r in runs.get((b, S, d, m, impl), [])]
+            if not xs or not ys:
+                continue
+            ratio = statistics.median(xs) / statistics.median(ys)
+            if impl != "cudnn":
+                ratios.append(ratio)
+            out.append(f"| {m} | {impl} | {' / '.join(f'{x:.3f}' for x in xs)} | "
+                       f"{' / '.join(f'{y:.3f}' for y in ys)} | {ratio:.3f} | {'yes' if apart(xs, ys) else ''} |")
+        out.append("")
+    if ratios:
+        out.append(f"{a}/{b} time over {len(ratios)} cells: {min(ratios):.3f}–{max(ratios):.3f} "
+                   f"(median {statistics.median(ratios):.3f})  ")
+    for lab in (a, b):  # speed against cuDNN measured in the same runs
+        speed = []
+        for S, d, m, impl in cells:
+            ours, cud = runs.get((lab, S, d, m, impl), []), runs.get((lab, S, d, m, "cudnn"), [])
+            if impl != "cudnn" and ours and cud:
+                cud_ms = statistics.median(r["ms"] for r in cud)
+                speed.append(f"{m} S={S} d={d} {cud_ms / statistics.median(r['ms'] for r in ours):.3f}")
+        if speed:
+            out.append(f"{lab} speed / cuDNN (medians): " + ", ".join(speed) + "  ")
+    return "\n".join(out) + "\n"
 
 
 def render(runs, a, b) -> str:
@@ -74,7 +129,8 @@ def main(argv=None):
     ap.add_argument("--b", required=True, help="label of the baseline build")
     ap.add_argument("--json", nargs="+", required=True)
     args = ap.parse_args(argv)
-    print(render(load(args.json, (args.a, args.b)), args.a, args.b), end="")
+    kind, runs = load(args.json, (args.a, args.b))
+    print((render_kernel if kind == "kernel" else render)(runs, args.a, args.b), end="")
 
 
 if __name__ == "__main__":
