@@ -47,6 +47,15 @@ def load(files, labels):
     return (kinds.pop() if kinds else "bench"), runs
 
 
+def configs(runs):
+    """The (S, d) pairs of the runs: d = 128 first, then by d, then by S."""
+    return sorted({(k[1], k[2]) for k in runs}, key=lambda x: (x[1] != 128, x[1], x[0]))
+
+
+def spread_line(what: str, xs) -> str:
+    return f"{what} over {len(xs)} cells: {min(xs):.3f}–{max(xs):.3f} (median {statistics.median(xs):.3f})  "
+
+
 def apart(xs, ys) -> bool:
     """Two builds' samples do not overlap (each with two or more)."""
     return len(xs) > 1 and len(ys) > 1 and (max(xs) < min(ys) or min(xs) > max(ys))
@@ -56,7 +65,7 @@ def render_kernel(runs, a, b) -> str:
     out = []
     cells = sorted({k[1:] for k in runs}, key=lambda k: (k[1] != 128, k[1], k[0], k[2], k[3] == "cudnn", k[3]))
     ratios = []
-    for S, d in sorted({(k[0], k[1]) for k in cells}, key=lambda x: (x[1] != 128, x[1], x[0])):
+    for S, d in configs(runs):
         out += [f"### S = {S}, d = {d}", "",
                 f"| mask | kernel | ms {a} | ms {b} | {a}/{b} | apart |", "|---|---|---|---|---:|---|"]
         for _, _, m, impl in (c for c in cells if c[:2] == (S, d)):
@@ -71,8 +80,7 @@ def render_kernel(runs, a, b) -> str:
                        f"{' / '.join(f'{y:.3f}' for y in ys)} | {ratio:.3f} | {'yes' if apart(xs, ys) else ''} |")
         out.append("")
     if ratios:
-        out.append(f"{a}/{b} time over {len(ratios)} cells: {min(ratios):.3f}–{max(ratios):.3f} "
-                   f"(median {statistics.median(ratios):.3f})  ")
+        out.append(spread_line(f"{a}/{b} time", ratios))
     for lab in (a, b):  # speed against cuDNN measured in the same runs
         speed = []
         for S, d, m, impl in cells:
@@ -87,9 +95,8 @@ def render_kernel(runs, a, b) -> str:
 
 def render(runs, a, b) -> str:
     out = []
-    configs = sorted({(S, d) for (_, S, d, _) in runs}, key=lambda x: (x[1] != 128, x[1], x[0]))
     spread = {"fwd": [], "fwdbwd": []}
-    for S, d in configs:
+    for S, d in configs(runs):
         masks = [m for (lab, s, dd, m) in runs if lab == a and (s, dd) == (S, d)]
         out += [f"### S = {S}, d = {d}", "",
                 f"| mask | fwd ms {a} | fwd ms {b} | {a}/{b} | fwd+bwd ms {a} | fwd+bwd ms {b} | {a}/{b} | check |",
@@ -118,8 +125,7 @@ def render(runs, a, b) -> str:
     for key, xs in spread.items():
         if xs:
             name = "forward" if key == "fwd" else "forward+backward"
-            out.append(f"{a}/{b} {name} over {len(xs)} cells: {min(xs):.3f}–{max(xs):.3f} "
-                       f"(median {statistics.median(xs):.3f})  ")
+            out.append(spread_line(f"{a}/{b} {name}", xs))
     return "\n".join(out) + "\n"
 
 
