@@ -47,9 +47,14 @@ def load(files, labels):
     return (kinds.pop() if kinds else "bench"), runs
 
 
+def config_order(S, d):
+    """Sort key of an (S, d) pair: d = 128 first, then by d, then by S."""
+    return (d != 128, d, S)
+
+
 def configs(runs):
-    """The (S, d) pairs of the runs: d = 128 first, then by d, then by S."""
-    return sorted({(k[1], k[2]) for k in runs}, key=lambda x: (x[1] != 128, x[1], x[0]))
+    """The (S, d) pairs of the runs, in config_order."""
+    return sorted({(k[1], k[2]) for k in runs}, key=lambda x: config_order(*x))
 
 
 def spread_line(what: str, xs) -> str:
@@ -63,7 +68,7 @@ def apart(xs, ys) -> bool:
 
 def render_kernel(runs, a, b) -> str:
     out = []
-    cells = sorted({k[1:] for k in runs}, key=lambda k: (k[1] != 128, k[1], k[0], k[2], k[3] == "cudnn", k[3]))
+    cells = sorted({k[1:] for k in runs}, key=lambda k: (*config_order(k[0], k[1]), k[2], k[3] == "cudnn", k[3]))
     ratios = []
     for S, d in configs(runs):
         out += [f"### S = {S}, d = {d}", "",
