@@ -11,9 +11,10 @@ replaced:
 - bwd_convert80_kernel's new read split (warp w: blocks 20w .. 20w + 19) puts every float of the
   tile at the same shared-memory place as the old loop over p, and its write phase (8 columns per
   thread) writes each output once from the same place;
-- bwd_convert_kernel (64-row fragment order, d = 64 / 128 / 256): its 8-float runs are the
-  fragment order's elements, each output is written once from its own element, and a warp reads
-  whole 8 x 8 runs back to back.
+- bwd_convert_kernel (64-row fragment order, d = 64 / 128) and bwd_convert_quad_kernel (the d = 256
+  kernel's quad order): their 8- / 16-float runs are the order's elements, each output is written
+  once from its own element, and a warp reads whole runs back to back;
+- the d = 256 kernel's 16-byte dQ adds put each accumulator element at its quad-order place.
 """
 from __future__ import annotations
 
@@ -257,7 +258,7 @@ def frag_run(r, c, dqc):
     return wq * 64 * dqc + ((r // 8) * (dqc // 8) + cc // 8) * 64 + 8 * (r % 8)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128])
 def test_convert_runs_are_the_fragment_order(d):
     dqc = dq_cols(d)
     seen = set()
@@ -269,40 +270,80 @@ def test_convert_runs_are_the_fragment_order(d):
     assert seen == set(range(64 * d))
 
 
-def test_d256_dq_adds_are_the_fragment_order():
+def quad_offset(r, c):
+    """The d = 256 kernel's quad order element by element (bwd_aux.cu, one 64-row block): the
+    fragment order with dqc = 128, a thread's elements of 8-column groups 2kp and 2kp + 1 adjacent."""
+    wq, cc = c // 128, c % 128
+    lane = 4 * (r % 8) + (cc % 8) // 2
+    return wq * 64 * 128 + (((r // 16) * 2 + (r // 8) % 2) * 8 + cc // 16) * 128 + 4 * lane + 2 * ((cc // 8) % 2) + cc % 2
+
+
+def quad_run(r, c):
+    """bwd_aux.cu dq_quad_run: row r's 16 floats of columns c .. c + 15 (c a multiple of 16)."""
+    wq, cc = c // 128, c % 128
+    return wq * 64 * 128 + ((r // 8) * 8 + cc // 16) * 128 + 16 * (r % 8)
+
+
+def quad_place(k, comp):
+    """Column (within 16) of float4 load k's component comp in bwd_convert_quad_kernel."""
+    return 2 * k + comp % 2 + 8 * (comp // 2)
+
+
+def test_quad_runs_hold_their_row():
+    seen = set()
+    for r in range(64):
+        for c in range(0, 256, 16):
+            for k, comp in itertools.product(range(4), range(4)):
+                o = quad_run(r, c) + 4 * k + comp
+                assert o == quad_offset(r, c + quad_place(k, comp))
+                seen.add(o)
+    assert seen == set(range(64 * 256))
+    # the convert's de-interleave: output half h, element j <- load j // 2, component j % 2 + 2h
+    for h, j in itertools.product(range(2), range(8)):
+        assert quad_place(j // 2, j % 2 + 2 * h) == 8 * h + j
+
+
+def test_d256_dq_adds_are_the_quad_order():
     """The d = 256 backward's dQ adds (from registers, or staged for the deterministic writer) put
-    accumulator element e of consumer thread ctid at its (query row, d column)'s fragment offset;
-    a warp's eight-byte adds cover 256 contiguous bytes."""
-    dqc, kk = dq_cols(256), dq_cols(256) // 8  # traits.h kDqKK
+    accumulator elements (e, e + 1, e + 4, e + 5), e = 8kp + 2i, of consumer thread ctid at their
+    (query row, d column)'s quad-order offsets; a warp's 16-byte adds cover 512 contiguous bytes."""
+    kk = 128 // 8  # traits.h kDqKK
     seen = set()
     for ctid in range(256):
         wg, warp, lane = ctid // 128, (ctid // 32) % 4, ctid % 32
-        fb = warp * 2 * kk * 64 + 2 * lane
-        for e in range(0, 64, 2):
-            o = wg * 64 * dqc + fb + (((e // 2) % 2) * kk + e // 4) * 64  # + wg * kDqHalfFloats
-            r = 16 * warp + lane // 4 + 8 * ((e // 2) % 2)
-            c = 128 * wg + 8 * (e // 4) + 2 * (lane % 4)
-            assert (o, o + 1) == (frag_offset(r, c, dqc), frag_offset(r, c + 1, dqc))
-            seen.update((o, o + 1))
+        fb = warp * 2 * kk * 64 + 4 * lane
+        for kp, i in itertools.product(range(8), range(2)):
+            o = wg * 64 * 128 + fb + (i * (kk // 2) + kp) * 128  # + wg * kDqHalfFloats
+            for q, e in enumerate((8 * kp + 2 * i, 8 * kp + 2 * i + 1, 8 * kp + 2 * i + 4, 8 * kp + 2 * i + 5)):
+                # the wgmma C layout (bwd_d256_kernel.cuh): row and column of element e
+                r = 16 * warp + lane // 4 + 8 * ((e // 2) % 2)
+                c = 128 * wg + 8 * (e // 4) + 2 * (lane % 4) + e % 2
+                assert o + q == quad_offset(r, c)
+                seen.add(o + q)
     assert seen == set(range(64 * 256))
-    for e in range(0, 64, 2):  # one warp's add of element pair e: 64 consecutive floats
-        offs = sorted(fb + (((e // 2) % 2) * kk + e // 4) * 64 for fb in (2 * lane for lane in range(32)))
-        assert offs == list(range(offs[0], offs[0] + 64, 2))
-    for line in ("const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);",
-                 "auto pair_offset = [&](int e) { return fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64; };",
+    for kp, i in itertools.product(range(8), range(2)):  # one warp's add: 128 consecutive floats
+        offs = sorted(4 * lane + (i * (kk // 2) + kp) * 128 for lane in range(32))
+        assert offs == list(range(offs[0], offs[0] + 128, 4))
+    for line in ("const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 4 * (ctid_b % 32);",
+                 "auto quad_offset = [&](int kp, int i) { return fb + (i * (T::kDqKK / 2) + kp) * 128; };",
+                 "return make_float4(tdQrdQ(e), tdQrdQ(e + 1), tdQrdQ(e + 4), tdQrdQ(e + 5));",
+                 "const int e = 8 * kp + 2 * i;",
                  "wg * T::kDqHalfFloats;"):
         assert line in D256, line
-    assert D256.count("pair_offset(e)") == 2  # the reduce-add and the staged store
+    assert D256.count("quad_offset(kp, i)") == 2  # the reduce-add and the staged store
+    assert "static constexpr int kDqKK = kDCols / 8;" in (SM90 / "traits.h").read_text()
 
 
 def convert_units(B, Sq, N, d, sq_pad):
-    """bwd_convert_kernel's thread -> (source float, output element) map, as the kernel computes it."""
-    dqc = dq_cols(d)
-    groups = d // 8
+    """The dQ convert's thread -> (source floats, output elements) map, as the kernel computes it:
+    bwd_convert_kernel (8 columns from one fragment-order run) for d = 64 / 128,
+    bwd_convert_quad_kernel (16 columns from one quad-order run) for d = 256."""
+    cols = 16 if d == 256 else 8
+    groups = d // cols
     units = B * N * sq_pad * groups
     for t in range(units):
         r8, q = t % 8, t // 8
-        c = 8 * (q % groups)
+        c = cols * (q % groups)
         g = q // groups
         rg, bh = g % (sq_pad // 8), g // (sq_pad // 8)
         i = 8 * rg + r8
@@ -310,31 +351,42 @@ def convert_units(B, Sq, N, d, sq_pad):
             yield t, None, None
             continue
         row = bh * sq_pad + i
-        src = (row - i % 64) * d + frag_run(i % 64, c, dqc)
         h, b = bh % N, bh // N
-        yield t, src, ((b * Sq + i) * N + h) * d + c
+        dst = ((b * Sq + i) * N + h) * d + c
+        if d == 256:
+            src = (row - i % 64) * d + quad_run(i % 64, c)
+            yield t, [src + 4 * k + comp for k in range(4) for comp in range(4)], \
+                [dst + quad_place(k, comp) for k in range(4) for comp in range(4)]
+        else:
+            src = (row - i % 64) * d + frag_run(i % 64, c, dq_cols(d))
+            yield t, [src + j for j in range(8)], [dst + j for j in range(8)]
+
+
+def element_offset(r, c, d):
+    return quad_offset(r, c) if d == 256 else frag_offset(r, c, dq_cols(d))
 
 
 @pytest.mark.parametrize("B,Sq,N,d,sq_pad", [(1, 64, 1, 64, 64), (2, 100, 3, 64, 128),
-                                             (1, 130, 2, 128, 192), (2, 70, 1, 256, 128)])
+                                             (1, 130, 2, 128, 192), (2, 70, 1, 256, 128),
+                                             (1, 64, 3, 256, 64)])
 def test_convert_writes_each_output_once_from_its_element(B, Sq, N, d, sq_pad):
-    dqc = dq_cols(d)
     out, warps = {}, {}
-    for t, src, dst in convert_units(B, Sq, N, d, sq_pad):
-        if src is None:
+    for t, srcs, dsts in convert_units(B, Sq, N, d, sq_pad):
+        if srcs is None:
             continue
-        for j in range(8):
-            assert dst + j not in out
-            out[dst + j] = src + j
-        warps.setdefault(t // 32, []).append(src)
+        for src, dst in zip(srcs, dsts):
+            assert dst not in out
+            out[dst] = src
+        warps.setdefault(t // 32, []).append(srcs[0])
     assert len(out) == B * Sq * N * d
     for b, i, h, c in itertools.product(range(B), range(Sq), range(N), range(d)):
         row = (b * N + h) * sq_pad + i
-        assert out[((b * Sq + i) * N + h) * d + c] == (row - i % 64) * d + frag_offset(i % 64, c, dqc)
-    # a full warp reads whole runs, back to back: 32 x 32 bytes contiguous
+        assert out[((b * Sq + i) * N + h) * d + c] == (row - i % 64) * d + element_offset(i % 64, c, d)
+    # a full warp reads whole runs, back to back: 32 runs of 32 (or 64) contiguous bytes
+    run = 16 if d == 256 else 8
     for srcs in warps.values():
         if len(srcs) == 32:
-            assert sorted(srcs) == list(range(min(srcs), min(srcs) + 256, 8))
+            assert sorted(srcs) == list(range(min(srcs), min(srcs) + 32 * run, run))
 
 
 def test_sources_match_the_model():
@@ -364,6 +416,19 @@ def test_sources_match_the_model():
                  "const float* src = acc + (row - i % 64) * d + dq_frag_run(i % 64, c, dqc);",
                  "Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;",
                  "const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);"):
+        assert line in AUX, line
+    # the d = 256 quad order's convert
+    assert "return (int64_t)wq * 64 * 128 + ((r / 8) * 8 + cc / 16) * 128 + 16 * (r % 8);" in AUX
+    for line in ("constexpr int d = 256, groups = d / 16;", "const int c = 16 * (int)(q % groups);",
+                 "const float4* src = reinterpret_cast<const float4*>(acc + (row - i % 64) * d + "
+                 "dq_quad_run(i % 64, c));",
+                 "const auto y = half == 0 ? scale8<Elem>(make_float4(x[0].x, x[0].y, x[1].x, x[1].y),",
+                 "make_float4(x[2].x, x[2].y, x[3].x, x[3].y), scale)",
+                 ": scale8<Elem>(make_float4(x[0].z, x[0].w, x[1].z, x[1].w),",
+                 "make_float4(x[2].z, x[2].w, x[3].z, x[3].w), scale);",
+                 "*reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out + 8 * half) = y;",
+                 "if (p.d == 256) {  // the d = 256 kernel's quad order",
+                 "const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 16);"):
         assert line in AUX, line
 
 

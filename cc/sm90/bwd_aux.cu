@@ -165,12 +165,13 @@ __device__ __forceinline__ cutlass::AlignedArray<Elem, 8, 16> scale8(const float
   return y;
 }
 
-// The workspace holds each 64 x d block of query rows in the kernel's fragment order
+// The d = 64 / 128 kernels' workspace holds each 64 x d block of query rows in their fragment order
 // (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
 // wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
-// lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d >= 128 (the two warpgroups split d), d
-// otherwise. 128-row tiles (d = 64: the warpgroups split the rows) are two such
-// blocks in a row, so this reader does not depend on the kernel's query-tile size.
+// lane = 4*(r % 8) + (c % 8) / 2; dqc = d / 2 for d = 128 (the two warpgroups split d), d
+// otherwise (d = 256 has the quad order below). 128-row tiles (d = 64: the warpgroups split the
+// rows) are two such blocks in a row, so this reader does not depend on the kernel's query-tile
+// size.
 // Equivalently: each 64-float run is one 8 x 8 sub-tile, row-major (rows 8*(r/8).., columns
 // 8*kk.. of slab wq), and the runs go row group by row group, kk fastest:
 // wq*64*dqc + ((r/8)*(dqc/8) + kk)*64 + 8*(r % 8) + c % 8.
@@ -220,6 +221,66 @@ __global__ void __launch_bounds__(256) bwd_convert_kernel(const float* __restric
     const uint32_t* w = reinterpret_cast<const uint32_t*>(&y);
 #pragma unroll
     for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(out)[k] = w[k];
+  }
+}
+
+// The d = 256 kernel's quad order (bwd_d256_kernel.cuh): the fragment order with dqc = 128, but
+// each 8 x 16 block (rows 8*(r/8).., 8-column groups 2kp and 2kp + 1 of slab wq) is one 128-float
+// run, row-major, and within a row of the block the thread quads go lane by lane: element (r, c)
+// at wq*64*128 + ((r/8)*8 + kp)*128 + 16*(r % 8) + 4*((c % 8)/2) + 2*((c/8) % 2) + c % 2,
+// kp = (c % 128) / 16. Row r's 16 columns of its block are 64 contiguous bytes.
+__device__ __forceinline__ int64_t dq_quad_run(int r, int c) {
+  const int wq = c / 128, cc = c % 128;
+  return (int64_t)wq * 64 * 128 + ((r / 8) * 8 + cc / 16) * 128 + 16 * (r % 8);
+}
+
+// One thread per (query row, 16 columns): four 16-byte loads of the row's 64 contiguous bytes,
+// de-interleaved into columns c .. c + 7 and c + 8 .. c + 15, two 16-byte stores (kVec16). Lanes go
+// row within the block fastest, then 4 column blocks: a warp reads 2 KB contiguous and writes 8
+// rows x 128 bytes.
+template <class Elem, bool kVec16>
+__global__ void __launch_bounds__(256) bwd_convert_quad_kernel(const float* __restrict__ acc,
+                                                               const float* __restrict__ lse2,
+                                                               Elem* __restrict__ dq, int64_t units,
+                                                               int Sq, int N, int sq_pad,
+                                                               float scale) {
+  constexpr int d = 256, groups = d / 16;
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= units) return;
+  const int r8 = (int)(t % 8);
+  const int64_t q = t / 8;
+  const int c = 16 * (int)(q % groups);
+  const int64_t g = q / groups;  // row group of 8 over (batch, head, padded rows)
+  const int rg = (int)(g % (sq_pad / 8));
+  const int64_t bh = g / (sq_pad / 8);
+  const int i = 8 * rg + r8;
+  if (i >= Sq) return;
+  const int64_t row = bh * sq_pad + i;
+  const float4* src = reinterpret_cast<const float4*>(acc + (row - i % 64) * d + dq_quad_run(i % 64, c));
+  float4 x[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) x[k] = src[k];  // x[k] = columns 2k, 2k + 1, 2k + 8, 2k + 9
+  // a fully masked row's dS is 0, but 0 * Inf in a key other rows see is NaN: select, not scale
+  if (__ldg(lse2 + row) == INFINITY) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const int h = (int)(bh % N);
+  const int64_t b = bh / N;
+  Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const auto y = half == 0 ? scale8<Elem>(make_float4(x[0].x, x[0].y, x[1].x, x[1].y),
+                                            make_float4(x[2].x, x[2].y, x[3].x, x[3].y), scale)
+                             : scale8<Elem>(make_float4(x[0].z, x[0].w, x[1].z, x[1].w),
+                                            make_float4(x[2].z, x[2].w, x[3].z, x[3].w), scale);
+    if constexpr (kVec16) {
+      *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out + 8 * half) = y;
+    } else {
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(&y);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(out + 8 * half)[k] = w[k];
+    }
   }
 }
 
@@ -636,6 +697,15 @@ cudaError_t bwd_convert_launch(const BwdParams& p, int sq_pad, int block_m, cuda
   }
   if (p.d % 8 != 0 || sq_pad % kBwdBlockM != 0) return cudaErrorInvalidValue;
   const int threads = 256;
+  if (p.d == 256) {  // the d = 256 kernel's quad order
+    const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 16);  // (padded row, 16 columns)
+    const int64_t blocks = (units + threads - 1) / threads;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    auto kernel = vec16 ? &bwd_convert_quad_kernel<Elem, true> : &bwd_convert_quad_kernel<Elem, false>;
+    kernel<<<(unsigned)blocks, threads, 0, stream>>>(p.dq_accum, p.rowstats, dq, units, p.Sq, p.N,
+                                                     sq_pad, p.scale);
+    return cudaGetLastError();
+  }
   const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);  // (padded row, 8 columns)
   const int64_t blocks = (units + threads - 1) / threads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;

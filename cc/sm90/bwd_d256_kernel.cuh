@@ -2,7 +2,7 @@
 // kernels of bwd_kernel.cuh (column parallel: one CTA per (key block, kv head, batch); the CTA
 // walks the query heads of its GQA group and their non-skipped 64-row query tiles; element mask
 // on partial tiles only; dK / dV reduced over the group in registers; dQ in fp32 through the
-// dq_accum workspace (reduce-add), converted by bwd_convert_dq_sm90;
+// dq_accum workspace (reduce-add, quad order), converted by bwd_convert_dq_sm90;
 // deterministic mode orders the dQ adds of each query tile by descending key block through the
 // same ordering bits), but with a different split of the work, because the d = 128 design does
 // not fit: 64 keys x 256 columns of dK plus dV are 256 fp32 registers per thread of a warpgroup.
@@ -26,7 +26,7 @@
 //    across the back edge). P / dS are double buffered. (Issuing the S / dP GEMMs of tile t+1
 //    before the dV / dK GEMMs of tile t is slower: its Q / dO load latency is exposed);
 //  * dQ: each warpgroup reduce-adds its 64 x 128 fp32 half straight from registers into the
-//    workspace (red.add.v2.f32, fragment order) and hands the Q / dO stage back to the producer
+//    workspace (red.add.v4.f32, quad order) and hands the Q / dO stage back to the producer
 //    as soon as its GEMMs of the tile are done. A 64 KB fp32 staging tile for a bulk reduce does
 //    not fit beside K, V (64 KB), the 2-stage Q / dO ring (128 KB) and the P / dS buffers
 //    (32 KB); staged over the dead Q / dO stage, it held that stage until the reduce had read it,
@@ -35,8 +35,10 @@
 //    warpgroups' GEMMs of tile t are done (mbarrier `consumed`), warpgroup 0 writes its dQ half
 //    over the Q tile, warpgroup 1 over the dO tile, and the dQ-writer warp reduces both in the
 //    tile's turn and then hands the stage back.
-// The fp32 workspace layout is the "fragment order" of bwd_kernel.cuh with kDqCols = 128 (the two
-// warpgroups split d), which is what bwd_convert (bwd_aux.cu) reads for d >= 128.
+// The fp32 workspace layout is the "quad order" (bwd_aux.cu, bwd_convert_quad_kernel): the
+// fragment order of bwd_kernel.cuh with kDqCols = 128 (the two warpgroups split d), but with each
+// thread's four elements of one row in 8-column groups 2kp and 2kp + 1 contiguous, so that one
+// 16-byte reduce-add carries them.
 // Contract: as bwd_kernel.cuh (dq / dk / dv of BwdParams, deterministic dQ by the ordered writer
 //   of epilogue.cuh); sm_margin is not honoured (one CTA per work item).
 // Synchronization: Q / dO ring full / empty (empty: 256 consumer arrivals, or the writer's one in
@@ -325,39 +327,52 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto release_stage = [&](int st) {
     pp_arrive(a.deterministic ? &ss.consumed[st] : &ss.empty[st]);
   };
-  // This warpgroup's dQ half of the tile in stage st, in the workspace's fragment order, in two
+  // This warpgroup's dQ half of the tile in stage st, in the workspace's quad order, in two
   // halves (fragment elements [0, 32) and [32, 64)), so that the S / dP GEMMs of the next tile can
   // be issued in between: the registers of the first half are free by then.
-  //  * default: reduce-added from registers (8-byte red.add; a warp covers 256 contiguous bytes).
-  //    Staging the tile in smem would hold its Q / dO stage until the reduce had read it, which
-  //    leaves the next load one tile's GEMMs to land in (docs/decisions.md#bwd-d256-kernel);
+  //  * default: reduce-added from registers (16-byte red.add: a thread's four elements of one row
+  //    in two neighbouring 8-column groups are contiguous; a warp covers 512 contiguous bytes, half
+  //    the reduce requests of pairs). Staging the tile in smem would hold its Q / dO stage until
+  //    the reduce had read it, which leaves the next load one tile's GEMMs to land in
+  //    (docs/decisions.md#bwd-d256-kernel);
   //  * deterministic: over the stage's Q (warpgroup 0) or dO (warpgroup 1) tile once both
   //    warpgroups are done with the stage, for the ordered writer warp.
   // gdq = the tile's dQ rows in dq_accum, offset by this warpgroup's half.
   auto write_dq_half = [&](auto half, int st, int par, float* gdq) {
-    constexpr int e0 = decltype(half)::value * 32;
+    constexpr int kp0 = decltype(half)::value * 4;  // 16-column groups kp0 .. kp0 + 3
     int ctid_b;
     asm volatile("mov.b32 %0, %1;" : "=r"(ctid_b) : "r"(ctid));
-    // float offset of accumulator pair (e, e + 1) in a dQ half tile (the layout the convert reads)
-    const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 2 * (ctid_b % 32);
-    auto pair_offset = [&](int e) { return fb + (((e / 2) % 2) * T::kDqKK + e / 4) * 64; };
+    // float offset of the quad of (row half i, 16-column group kp) in a dQ half tile (the layout
+    // bwd_convert_quad_kernel reads): elements 8kp + 2i + {0, 1} and 8kp + 4 + 2i + {0, 1}
+    const int fb = ((ctid_b / 32) % 4) * 2 * T::kDqKK * 64 + 4 * (ctid_b % 32);
+    auto quad_offset = [&](int kp, int i) { return fb + (i * (T::kDqKK / 2) + kp) * 128; };
+    auto quad = [&](int kp, int i) {
+      const int e = 8 * kp + 2 * i;
+      return make_float4(tdQrdQ(e), tdQrdQ(e + 1), tdQrdQ(e + 4), tdQrdQ(e + 5));
+    };
     if (!a.deterministic) {
       CUTE_UNROLL
-      for (int e = e0; e < e0 + 32; e += 2) {
-        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(gdq + pair_offset(e)),
-                     "f"(tdQrdQ(e)), "f"(tdQrdQ(e + 1))
-                     : "memory");
+      for (int kp = kp0; kp < kp0 + 4; ++kp) {
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) {
+          const float4 v = quad(kp, i);
+          asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(
+                           gdq + quad_offset(kp, i)),
+                       "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                       : "memory");
+        }
       }
       return;
     }
-    if constexpr (e0 == 0) pp_wait(&ss.consumed[st], par);
+    if constexpr (kp0 == 0) pp_wait(&ss.consumed[st], par);
     float* dst = reinterpret_cast<float*>((ctid_b < 128 ? ss.q.begin() : ss.dO.begin()) +
                                           st * T::kStageElems);
     CUTE_UNROLL
-    for (int e = e0; e < e0 + 32; e += 2) {
-      *reinterpret_cast<float2*>(dst + pair_offset(e)) = make_float2(tdQrdQ(e), tdQrdQ(e + 1));
+    for (int kp = kp0; kp < kp0 + 4; ++kp) {
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) *reinterpret_cast<float4*>(dst + quad_offset(kp, i)) = quad(kp, i);
     }
-    if constexpr (e0 == 32) {
+    if constexpr (kp0 == 4) {
       pp_fence_async_smem();
       pp_arrive(&ss.dq_full[st]);
     }

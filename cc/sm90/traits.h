@@ -440,7 +440,7 @@ struct BwdD256Traits : BwdTraitsBase<Elem_, 256, kBwdBlockM, 64> {
   static constexpr int kQCols = Bm / NWG;  // query columns of S^T / dP^T per warpgroup
   static constexpr int kDCols = D / NWG;   // d columns of dK / dV / dQ per warpgroup
   static constexpr int kDqKK = kDCols / 8;
-  static_assert(Bm == 64, "fragment order (bwd_convert) assumes 64-row query tiles");
+  static_assert(Bm == 64, "quad order (bwd_convert_quad_kernel) assumes 64-row query tiles");
 
   // P^T and dS^T: (Bn keys, Bm queries, buffers), queries contiguous (K-major A of dV / dK); the
   // (Bm queries, Bn keys) view of dS^T is the MN-major A operand of dQ = dS K.
