@@ -3,8 +3,9 @@
 // dQ writer (bulk reduce-add of fp32 dQ tiles, ordering bits of the deterministic mode, skip
 // marks) and the look-ahead zeroing of the dQ workspace.
 // Contract: forward rows with no visible key give O = 0 and LSE = -inf, a NaN in a visible input
-//   reaches O and the LSE; dQ tiles land in the workspace in the fragment order bwd_aux.cu
-//   converts; in deterministic mode a tile's adds happen in descending ordering slot, each key
+//   reaches O and the LSE; dQ tiles land in the workspace in the layout their kernel staged them
+//   in (the fragment order, or the d = 256 kernel's quad order), which bwd_aux.cu converts; in
+//   deterministic mode a tile's adds happen in descending ordering slot, each key
 //   block adding after every slot above it has set its bit (set once its reduce completed, or at
 //   CTA start for the tiles it skips).
 // Synchronization: bulk-async groups (cp.async.bulk.wait_group), GPU-scope release / acquire on
