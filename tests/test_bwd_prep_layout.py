@@ -411,22 +411,27 @@ def test_sources_match_the_model():
             "lane / 4;") in AUX
     assert "float* d = dst + (u % 10) * 8 * kRows80Pad + (u / 10) * 8;" in AUX
     assert "return (int64_t)wq * 64 * dqc + ((r / 8) * (dqc / 8) + cc / 8) * 64 + 8 * (r % 8);" in AUX
-    for line in ("const int r8 = (int)(t % 8);", "const int c = 8 * (int)(q % groups);",
-                 "const int rg = (int)(g % (sq_pad / 8));", "const int i = 8 * rg + r8;",
-                 "const float* src = acc + (row - i % 64) * d + dq_frag_run(i % 64, c, dqc);",
-                 "Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;",
+    # the unit decoding both row-major converts share (convert_unit / ConvertUnit)
+    for line in ("const int r8 = (int)(t % 8);", "u.c = cols * (int)(q % (d / cols));",
+                 "const int64_t g = q / (d / cols);", "const int rg = (int)(g % (sq_pad / 8));",
+                 "u.bh = g / (sq_pad / 8);", "u.i = 8 * rg + r8;", "return u.i < Sq;",
+                 "return bh * sq_pad + i; }", "const int h = (int)(bh % N);",
+                 "const int64_t b = bh / N;", "return ((b * Sq + i) * N + h) * d + c;"):
+        assert line in AUX, line
+    for line in ("if (!convert_unit(t, 8, d, Sq, sq_pad, u)) return;",
+                 "const float* src = acc + (row - u.i % 64) * d + dq_frag_run(u.i % 64, u.c, dqc);",
+                 "store8<Elem, kVec16>(dq + u.out(Sq, N, d), scale8<Elem>(x0, x1, scale));",
                  "const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 8);"):
         assert line in AUX, line
     # the d = 256 quad order's convert
     assert "return (int64_t)wq * 64 * 128 + ((r / 8) * 8 + cc / 16) * 128 + 16 * (r % 8);" in AUX
-    for line in ("constexpr int d = 256, groups = d / 16;", "const int c = 16 * (int)(q % groups);",
-                 "const float4* src = reinterpret_cast<const float4*>(acc + (row - i % 64) * d + "
-                 "dq_quad_run(i % 64, c));",
-                 "const auto y = half == 0 ? scale8<Elem>(make_float4(x[0].x, x[0].y, x[1].x, x[1].y),",
-                 "make_float4(x[2].x, x[2].y, x[3].x, x[3].y), scale)",
-                 ": scale8<Elem>(make_float4(x[0].z, x[0].w, x[1].z, x[1].w),",
-                 "make_float4(x[2].z, x[2].w, x[3].z, x[3].w), scale);",
-                 "*reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out + 8 * half) = y;",
+    for line in ("constexpr int d = 256;", "if (!convert_unit(t, 16, d, Sq, sq_pad, u)) return;",
+                 "const float4* src = reinterpret_cast<const float4*>(acc + (row - u.i % 64) * d + "
+                 "dq_quad_run(u.i % 64, u.c));",
+                 "store8<Elem, kVec16>(out, scale8<Elem>(make_float4(x[0].x, x[0].y, x[1].x, x[1].y),",
+                 "make_float4(x[2].x, x[2].y, x[3].x, x[3].y), scale));",
+                 "store8<Elem, kVec16>(out + 8, scale8<Elem>(make_float4(x[0].z, x[0].w, x[1].z, x[1].w),",
+                 "make_float4(x[2].z, x[2].w, x[3].z, x[3].w), scale));",
                  "if (p.d == 256) {  // the d = 256 kernel's quad order",
                  "const int64_t units = (int64_t)p.B * p.N * sq_pad * (p.d / 16);"):
         assert line in AUX, line

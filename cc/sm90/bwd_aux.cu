@@ -165,6 +165,45 @@ __device__ __forceinline__ cutlass::AlignedArray<Elem, 8, 16> scale8(const float
   return y;
 }
 
+// Eight outputs at `out`: one 16-byte store (kVec16), or four 4-byte stores when dq is not 16-byte
+// aligned.
+template <class Elem, bool kVec16>
+__device__ __forceinline__ void store8(Elem* out, const cutlass::AlignedArray<Elem, 8, 16>& y) {
+  if constexpr (kVec16) {
+    *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out) = y;
+  } else {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&y);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(out)[k] = w[k];
+  }
+}
+
+// The (query row, `cols` columns) unit of thread t in the row-major converts: lanes go row within
+// a group of 8 rows fastest, then the row's column blocks, then row groups over (batch, head,
+// padded rows). i = the query row, c = its first column, bh = batch * N + head; false for padding
+// rows (i >= Sq).
+struct ConvertUnit {
+  int i, c;
+  int64_t bh;
+  __device__ int64_t row(int sq_pad) const { return bh * sq_pad + i; }  // workspace / lse2 row
+  __device__ int64_t out(int Sq, int N, int d) const {                 // first output in dq
+    const int h = (int)(bh % N);
+    const int64_t b = bh / N;
+    return ((b * Sq + i) * N + h) * d + c;
+  }
+};
+__device__ __forceinline__ bool convert_unit(int64_t t, int cols, int d, int Sq, int sq_pad,
+                                             ConvertUnit& u) {
+  const int r8 = (int)(t % 8);
+  const int64_t q = t / 8;
+  u.c = cols * (int)(q % (d / cols));
+  const int64_t g = q / (d / cols);  // row group of 8 over (batch, head, padded rows)
+  const int rg = (int)(g % (sq_pad / 8));
+  u.bh = g / (sq_pad / 8);
+  u.i = 8 * rg + r8;
+  return u.i < Sq;
+}
+
 // The d = 64 / 128 kernels' workspace holds each 64 x d block of query rows in their fragment order
 // (BwdTraits::kDqCols): element (r, c) at wq*64*dqc + ((warp*2 + i)*(dqc/8) + kk)*64 + 2*lane + j,
 // wq = c / dqc, kk = (c % dqc) / 8, j = c % 2, warp = r / 16, i = (r / 8) % 2,
@@ -196,32 +235,15 @@ __global__ void __launch_bounds__(256) bwd_convert_kernel(const float* __restric
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= units) return;
   const int dqc = d >= 128 ? d / 2 : d;
-  const int groups = d / 8;
-  const int r8 = (int)(t % 8);
-  const int64_t q = t / 8;
-  const int c = 8 * (int)(q % groups);
-  const int64_t g = q / groups;  // row group of 8 over (batch, head, padded rows)
-  const int rg = (int)(g % (sq_pad / 8));
-  const int64_t bh = g / (sq_pad / 8);
-  const int i = 8 * rg + r8;
-  if (i >= Sq) return;
-  const int64_t row = bh * sq_pad + i;
-  const float* src = acc + (row - i % 64) * d + dq_frag_run(i % 64, c, dqc);
+  ConvertUnit u;
+  if (!convert_unit(t, 8, d, Sq, sq_pad, u)) return;
+  const int64_t row = u.row(sq_pad);
+  const float* src = acc + (row - u.i % 64) * d + dq_frag_run(u.i % 64, u.c, dqc);
   float4 x0 = *reinterpret_cast<const float4*>(src);
   float4 x1 = *reinterpret_cast<const float4*>(src + 4);
   // a fully masked row's dS is 0, but 0 * Inf in a key other rows see is NaN: select, not scale
   if (__ldg(lse2 + row) == INFINITY) x0 = x1 = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int h = (int)(bh % N);
-  const int64_t b = bh / N;
-  Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;
-  const auto y = scale8<Elem>(x0, x1, scale);
-  if constexpr (kVec16) {
-    *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out) = y;
-  } else {
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(&y);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(out)[k] = w[k];
-  }
+  store8<Elem, kVec16>(dq + u.out(Sq, N, d), scale8<Elem>(x0, x1, scale));
 }
 
 // The d = 256 kernel's quad order (bwd_d256_kernel.cuh): the fragment order with dqc = 128, but
@@ -244,19 +266,13 @@ __global__ void __launch_bounds__(256) bwd_convert_quad_kernel(const float* __re
                                                                Elem* __restrict__ dq, int64_t units,
                                                                int Sq, int N, int sq_pad,
                                                                float scale) {
-  constexpr int d = 256, groups = d / 16;
+  constexpr int d = 256;
   const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= units) return;
-  const int r8 = (int)(t % 8);
-  const int64_t q = t / 8;
-  const int c = 16 * (int)(q % groups);
-  const int64_t g = q / groups;  // row group of 8 over (batch, head, padded rows)
-  const int rg = (int)(g % (sq_pad / 8));
-  const int64_t bh = g / (sq_pad / 8);
-  const int i = 8 * rg + r8;
-  if (i >= Sq) return;
-  const int64_t row = bh * sq_pad + i;
-  const float4* src = reinterpret_cast<const float4*>(acc + (row - i % 64) * d + dq_quad_run(i % 64, c));
+  ConvertUnit u;
+  if (!convert_unit(t, 16, d, Sq, sq_pad, u)) return;
+  const int64_t row = u.row(sq_pad);
+  const float4* src = reinterpret_cast<const float4*>(acc + (row - u.i % 64) * d + dq_quad_run(u.i % 64, u.c));
   float4 x[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) x[k] = src[k];  // x[k] = columns 2k, 2k + 1, 2k + 8, 2k + 9
@@ -265,23 +281,11 @@ __global__ void __launch_bounds__(256) bwd_convert_quad_kernel(const float* __re
 #pragma unroll
     for (int k = 0; k < 4; ++k) x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  const int h = (int)(bh % N);
-  const int64_t b = bh / N;
-  Elem* out = dq + (((int64_t)b * Sq + i) * N + h) * d + c;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const auto y = half == 0 ? scale8<Elem>(make_float4(x[0].x, x[0].y, x[1].x, x[1].y),
-                                            make_float4(x[2].x, x[2].y, x[3].x, x[3].y), scale)
-                             : scale8<Elem>(make_float4(x[0].z, x[0].w, x[1].z, x[1].w),
-                                            make_float4(x[2].z, x[2].w, x[3].z, x[3].w), scale);
-    if constexpr (kVec16) {
-      *reinterpret_cast<cutlass::AlignedArray<Elem, 8, 16>*>(out + 8 * half) = y;
-    } else {
-      const uint32_t* w = reinterpret_cast<const uint32_t*>(&y);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(out + 8 * half)[k] = w[k];
-    }
-  }
+  Elem* out = dq + u.out(Sq, N, d);
+  store8<Elem, kVec16>(out, scale8<Elem>(make_float4(x[0].x, x[0].y, x[1].x, x[1].y),
+                                          make_float4(x[2].x, x[2].y, x[3].x, x[3].y), scale));
+  store8<Elem, kVec16>(out + 8, scale8<Elem>(make_float4(x[0].z, x[0].w, x[1].z, x[1].w),
+                                              make_float4(x[2].z, x[2].w, x[3].z, x[3].w), scale));
 }
 
 // 80-row query tiles (d = 128; traits.h kDqTrans): each 80 x 128 tile of the
