@@ -85,45 +85,72 @@ struct FwdOnlineSoftmax {
     l_i[i] = l_i[i] * corr[i] + sum;
   }
 
+  // The largest score of row i in this thread's fragment: a pairwise tree (depth log2(Bn / 4)),
+  // not a chain through one accumulator, so that the row's exp can start sooner; max is exact and
+  // order-free (fmaxf drops a NaN operand either way), so the result is the chain's bit for bit
+  // (docs/decisions.md#fwd-row-max-tree).
+  template <class FragS>
+  __device__ __forceinline__ static float row_max(FragS const& tSrS, int i) {
+    constexpr int N = Bn / 4;
+    float v[N];
+    CUTE_UNROLL
+    for (int kk = 0; kk < Bn / 8; ++kk) {
+      v[2 * kk] = tSrS(4 * kk + 2 * i);
+      v[2 * kk + 1] = tSrS(4 * kk + 2 * i + 1);
+    }
+    CUTE_UNROLL
+    for (int w = 1; w < N; w *= 2) {
+      CUTE_UNROLL
+      for (int k = 0; k + w < N; k += 2 * w) v[k] = fmaxf(v[k], v[k + w]);
+    }
+    return v[0];
+  }
+
   // S -> P for one key block; the O correction factors in corr, and whether O must be rescaled
   // by them (always, unless kLazyRescale).
   template <class FragS>
   __device__ __forceinline__ bool online_softmax(FragS& tSrS, float (&corr)[2]) {
-    float mx[2];
-    bool grow = false;
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      float x;
-      if constexpr (NWG == 3) {
+    if constexpr (NWG == 3) {
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
         // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
         // across the GEMM issue, and the chain then starts without waiting for their load
-        x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
+        float x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
         CUTE_UNROLL
         for (int kk = 1; kk < Bn / 8; ++kk) {
           x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
         }
         x = fmaxf(x, m_i[i]);
-      } else {
-        x = m_i[i];
-        CUTE_UNROLL
-        for (int kk = 0; kk < Bn / 8; ++kk) {
-          x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
-        }
-      }
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-      mx[i] = x;
-      if constexpr (kLazyRescale) {
-        grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
-      } else {
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
         exp_row(tSrS, i, x, true, corr);
       }
+      return true;
+    } else {
+      // row by row, so that ptxas can run row 1's tree under row 0's exps
+      float mx[2];
+      bool grow = false;
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        float x = fmaxf(row_max(tSrS, i), m_i[i]);
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        mx[i] = x;
+        if constexpr (kLazyRescale) {
+          grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
+        } else {
+          exp_row(tSrS, i, x, true, corr);
+        }
+      }
+      if constexpr (!kLazyRescale) {
+        return true;
+      } else {
+        const bool resc = __any_sync(0xffffffffu, grow);
+        CUTE_UNROLL
+        for (int i = 0; i < 2; ++i) exp_row(tSrS, i, mx[i], resc, corr);
+        return resc;
+      }
     }
-    if constexpr (!kLazyRescale) return true;
-    const bool resc = __any_sync(0xffffffffu, grow);
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) exp_row(tSrS, i, mx[i], resc, corr);
-    return resc;
   }
 
   // O *= corr row by row (the O accumulator: elements 4 * kk + 2 * i + {0, 1}).
