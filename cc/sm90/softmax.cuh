@@ -110,47 +110,38 @@ struct FwdOnlineSoftmax {
   // by them (always, unless kLazyRescale).
   template <class FragS>
   __device__ __forceinline__ bool online_softmax(FragS& tSrS, float (&corr)[2]) {
-    if constexpr (NWG == 3) {
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
+    float mx[2];
+    bool grow = false;
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      float x;
+      if constexpr (NWG == 3) {
         // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
         // across the GEMM issue, and the chain then starts without waiting for their load
-        float x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
+        x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
         CUTE_UNROLL
         for (int kk = 1; kk < Bn / 8; ++kk) {
           x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
         }
         x = fmaxf(x, m_i[i]);
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      } else {
+        x = fmaxf(row_max(tSrS, i), m_i[i]);
+      }
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      mx[i] = x;
+      if constexpr (kLazyRescale) {
+        grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
+      } else {
+        // row by row: ptxas runs row 1's max under row 0's exps
         exp_row(tSrS, i, x, true, corr);
       }
-      return true;
-    } else {
-      // row by row, so that ptxas can run row 1's tree under row 0's exps
-      float mx[2];
-      bool grow = false;
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        float x = fmaxf(row_max(tSrS, i), m_i[i]);
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-        mx[i] = x;
-        if constexpr (kLazyRescale) {
-          grow |= (x - m_i[i]) * sl2 > kRescaleLog2 || (m_i[i] == -INFINITY && x != -INFINITY);
-        } else {
-          exp_row(tSrS, i, x, true, corr);
-        }
-      }
-      if constexpr (!kLazyRescale) {
-        return true;
-      } else {
-        const bool resc = __any_sync(0xffffffffu, grow);
-        CUTE_UNROLL
-        for (int i = 0; i < 2; ++i) exp_row(tSrS, i, mx[i], resc, corr);
-        return resc;
-      }
     }
+    if constexpr (!kLazyRescale) return true;
+    const bool resc = __any_sync(0xffffffffu, grow);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) exp_row(tSrS, i, mx[i], resc, corr);
+    return resc;
   }
 
   // O *= corr row by row (the O accumulator: elements 4 * kk + 2 * i + {0, 1}).
