@@ -5,7 +5,8 @@ Each build runs in its own process (its install on PYTHONPATH), one JSON file pe
 
     python benchmarks/ab_compare.py --a new --b old --json ab_new_s32768_d128.json ab_old_s32768_d128.json ...
 
-The label of a file is the first of `--a` / `--b` found in its name (split at "_").
+The label of a file is whichever of `--a` / `--b` its name holds (split at "_"); a name holding
+both, or neither, is an error.
 - bench_attention.py files ("results"): rows are matched by (S, d, mask), forward and
   forward+backward ms. A configuration measured twice by the same build (a later rerun, e.g.
   `..._again`) goes into the noise table: the same build against itself is what run-to-run noise is.
@@ -28,9 +29,12 @@ def load(files, labels):
     (label, S, d, mask[, impl]) to that build's rows in file order."""
     runs, kinds = {}, set()
     for f in files:
-        label = next((x for x in labels if x in Path(f).stem.split("_")), None)
-        if label is None:
+        found = [x for x in labels if x in Path(f).stem.split("_")]
+        if not found:
             raise SystemExit(f"{f}: its name carries neither label {labels}")
+        if len(found) > 1:  # e.g. --a t64 with files named t64_<build>_N: the build is ambiguous
+            raise SystemExit(f"{f}: its name carries both labels {labels}; rename the builds or files")
+        label = found[0]
         data = json.loads(Path(f).read_text())
         if "rows" in data:  # kernel_timing.py
             kinds.add("kernel")
@@ -140,6 +144,8 @@ def main(argv=None):
     ap.add_argument("--b", required=True, help="label of the baseline build")
     ap.add_argument("--json", nargs="+", required=True)
     args = ap.parse_args(argv)
+    if args.a == args.b:
+        raise SystemExit(f"--a and --b are both {args.a!r}: name two builds")
     kind, runs = load(args.json, (args.a, args.b))
     print((render_kernel if kind == "kernel" else render)(runs, args.a, args.b), end="")
 
