@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -344,9 +346,6 @@ def _kernel_timing_file(path, ms):
 def test_ab_compare_labels_files_by_their_build(tmp_path):
     """ab_compare.py takes each file's build from its name; a name holding both labels (here the
     head-dim prefix t64 equals --a) is refused instead of silently counted as the wrong build."""
-    import subprocess
-    import sys
-
     script = str(ROOT / "benchmarks" / "ab_compare.py")
     _kernel_timing_file(tmp_path / "ab_new_1.json", 2.0)
     _kernel_timing_file(tmp_path / "ab_old_2.json", 4.0)
