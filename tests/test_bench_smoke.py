@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -336,32 +334,3 @@ def test_fitted_block_size_meets_fa4_tile_refusals():
     assert fit((128, 160), multiple.format(1, 80)) is None  # already a multiple: the error is real
     assert fit((128, 80), match.format(1, 80, 80)) is None
     assert fit((128, 128), "some other ValueError") is None
-
-
-def _kernel_timing_file(path, ms):
-    row = dict(S=1024, B=1, H=1, d=128, mask="causal", impl="fwd_d128", ms=ms)
-    path.write_text(json.dumps({"device": "cpu", "rows": [row]}))
-
-
-def test_ab_compare_labels_files_by_their_build(tmp_path):
-    """ab_compare.py takes each file's build from its name; a name holding both labels (here the
-    head-dim prefix t64 equals --a) is refused instead of silently counted as the wrong build."""
-    script = str(ROOT / "benchmarks" / "ab_compare.py")
-    _kernel_timing_file(tmp_path / "ab_new_1.json", 2.0)
-    _kernel_timing_file(tmp_path / "ab_old_2.json", 4.0)
-    ok = subprocess.run([sys.executable, script, "--a", "new", "--b", "old", "--json",
-                         str(tmp_path / "ab_new_1.json"), str(tmp_path / "ab_old_2.json")],
-                        capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr
-    assert "0.500" in ok.stdout  # new / old time of the one cell
-
-    _kernel_timing_file(tmp_path / "t64_old_1.json", 4.0)
-    _kernel_timing_file(tmp_path / "t64_t64_2.json", 2.0)
-    bad = subprocess.run([sys.executable, script, "--a", "t64", "--b", "old", "--json",
-                          str(tmp_path / "t64_old_1.json"), str(tmp_path / "t64_t64_2.json")],
-                         capture_output=True, text=True)
-    assert bad.returncode != 0
-    assert "both labels" in bad.stderr
-    same = subprocess.run([sys.executable, script, "--a", "new", "--b", "new", "--json",
-                           str(tmp_path / "ab_new_1.json")], capture_output=True, text=True)
-    assert same.returncode != 0 and "name two builds" in same.stderr
