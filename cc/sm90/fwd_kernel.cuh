@@ -168,11 +168,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   } else {
     // ---------------- consumer warpgroups ----------------
     if constexpr (NWG >= 2) cutlass::arch::warpgroup_reg_alloc<T::kRegConsumer>();
-    const int ctid = threadIdx.x - 128;
     typename T::TiledMmaQK mma_qk;
     typename T::TiledMmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(ctid);
-    auto thr_pv = mma_pv.get_thread_slice(ctid);
+    // The GEMM operands in shared memory depend only on the consumer warpgroup, so the slices are
+    // taken by a warp-uniform index: the wgmma descriptors then stay in uniform registers instead
+    // of being rebuilt in vector registers and moved over before every HGMMA.
+    const int wg_first_thread = 128 * (cutlass::canonical_warp_group_idx() - 1);
+    auto thr_qk = mma_qk.get_thread_slice(wg_first_thread);
+    auto thr_pv = mma_pv.get_thread_slice(wg_first_thread);
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);
