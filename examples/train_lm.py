@@ -521,7 +521,7 @@ def parse_args(argv=None):
                    help="use the first N devices (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default=str(pathlib.Path(__file__).resolve().parent / "runs"),
-                   help="where the plot and results.json go (default examples/runs/)")
+                   help="where the plot and train_lm.json go (default examples/runs/)")
     p.add_argument("--plot", default=None, help="PNG path of the loss curves (default OUT_DIR/train_lm.png)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="print eval lines instead of a tqdm bar")
