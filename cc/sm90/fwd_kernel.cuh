@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     typename T::TiledMmaPV mma_pv;
     // The GEMM operands in shared memory depend only on the consumer warpgroup, so the slices are
     // taken by a warp-uniform index: the wgmma descriptors then stay in uniform registers instead
-    // of being rebuilt in vector registers and moved over before every HGMMA.
+    // of being rebuilt in vector registers and moved over before every HGMMA. (cwg below holds the
+    // same warpgroup, but from threadIdx, which ptxas cannot prove uniform.)
     const int wg_first_thread = 128 * (cutlass::canonical_warp_group_idx() - 1);
     auto thr_qk = mma_qk.get_thread_slice(wg_first_thread);
     auto thr_pv = mma_pv.get_thread_slice(wg_first_thread);
