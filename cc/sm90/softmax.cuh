@@ -114,19 +114,9 @@ struct FwdOnlineSoftmax {
     bool grow = false;
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
-      float x;
-      if constexpr (NWG == 3) {
-        // the running max last: at 160 registers ptxas keeps m_i / l_i in local memory
-        // across the GEMM issue, and the chain then starts without waiting for their load
-        x = fmaxf(tSrS(2 * i), tSrS(2 * i + 1));
-        CUTE_UNROLL
-        for (int kk = 1; kk < Bn / 8; ++kk) {
-          x = fmaxf(x, fmaxf(tSrS(4 * kk + 2 * i), tSrS(4 * kk + 2 * i + 1)));
-        }
-        x = fmaxf(x, m_i[i]);
-      } else {
-        x = fmaxf(row_max(tSrS, i), m_i[i]);
-      }
+      // the running max last: at d = 64's 160 registers ptxas keeps m_i / l_i in local memory
+      // across the GEMM issue, and the tree then starts without waiting for their load
+      float x = fmaxf(row_max(tSrS, i), m_i[i]);
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
       mx[i] = x;
