@@ -279,9 +279,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmadKV mma_dkv;
   typename T::TiledMmadQ mma_dq;
-  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
-  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? ctid : ctid % 128);
+  const int slice_tid =
+      T::kUniformSlices ? 128 * (cutlass::canonical_warp_group_idx() - 1) : ctid;
+  auto thr_sdp = mma_sdp.get_thread_slice(slice_tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(slice_tid);
+  auto thr_dq = mma_dq.get_thread_slice(T::kDqWG == T::NWG ? slice_tid : slice_tid % 128);
   Tensor tSrK = thr_sdp.partition_fragment_A(sK);
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);
   Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
