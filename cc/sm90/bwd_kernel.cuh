@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       mma_dq, std::conditional_t<T::kDqTrans, Shape<Int<D>, Int<Bm>>, Shape<Int<Bm>, Int<D>>>{});
   Tensor tPrP = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
   Tensor tPrdS = make_tensor<Elem>(partition_shape_A(mma_dkv, Shape<Int<Bn>, Int<Bm>>{}));
-  const int wg = ctid / 128;
+  const int wg = T::kUniformSlices ? cutlass::canonical_warp_group_idx() - 1 : ctid / 128;
   const int row_base = 16 * ((ctid / 32) % 4) + lane / 4;
   const int col_base = 2 * (lane % 4);
   const bool dq_store = T::kDqWG == T::NWG || wg == 0;

@@ -262,11 +262,12 @@ struct BwdTraits : BwdTraitsBase<Elem_, D_, Bm_, kBwdBlockN> {
   static constexpr bool kLockstep = false;  // true: BwdLockstep
   static constexpr bool kDetGroups = false;  // true: BwdDetAuto80 (deterministic launch groups)
   static constexpr bool kSoftCap = false;    // true: BwdSoftCap
-  // The GEMM slices are taken by the warpgroup's first thread (warp-uniform: the shared-memory
-  // operands depend only on the warpgroup), which keeps the wgmma descriptors in uniform
-  // registers. At d = 64 that shortens the key-block loop; at d = 128 it puts spills into it
+  // The warpgroup index and the GEMM slices are taken warp-uniformly (the slices by the
+  // warpgroup's first thread: the shared-memory operands depend only on the warpgroup), which
+  // keeps the wgmma descriptors in uniform registers. At d = 64 and in the persistent kernels
+  // that shortens the key-block loop; in the 80-row d = 128 kernel it puts spills into it
   // (docs/decisions.md#bwd-uniform-slice).
-  static constexpr bool kUniformSlices = D == 64;
+  static constexpr bool kUniformSlices = D == 64 || Persist_;
   // Bm = 80 (BwdRows80): dQ^T = K^T dS^T (keys on K, d on M: 64 d-rows per warpgroup,
   // the 80 query rows on N), one dQ buffer (the smem budget).
   static constexpr bool kDqTrans = Bm_ == 80;
